@@ -1,0 +1,45 @@
+# The two commands: `make demo` runs the main job, `make test` passes the tests.
+# Each creates .venv if missing, installs the project with its extras, and checks for Java 17 or 21.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck bench-stores bench-ingest check-java install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test,demo]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+check-java:
+	@ver=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1); \
+	if [ "$$ver" != "17" ] && [ "$$ver" != "21" ]; then \
+	  echo "Spark 4 needs Java 17 or 21 (found: $${ver:-none})."; \
+	  echo "Install it with: apt-get update && apt-get install -y openjdk-17-jre-headless"; \
+	  exit 1; \
+	fi
+
+demo: install check-java
+	$(BIN)/iqgraph demo
+
+test: install check-java
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench-stores: install
+	$(BIN)/python bench/stores.py
+
+bench-ingest: install check-java
+	$(BIN)/python bench/ingest.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

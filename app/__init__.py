@@ -1,0 +1,1 @@
+"""Node lifecycle, settings, cluster membership, peer client, ASGI server and CLI.."""

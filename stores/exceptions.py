@@ -1,0 +1,72 @@
+"""Exceptions of the stores package.
+
+The whole tree hangs off one root, so callers can catch every expected store failure at once::
+
+    StoreError
+    ├── UnknownStoreError          no store of that name in the partition database
+    ├── StoreNotReadyError         the partition is not queryable (created, restoring, closed)
+    ├── InvalidKeyError            a key of the wrong type or out of range for the store's key codec
+    ├── ValueFormatError           a stored value that cannot be decoded
+    │   ├── CorruptValueError          the bytes are not a value of the known format
+    │   └── UnknownFormatError         a format version this code does not know (written by a newer one)
+    ├── OffsetError                a batch that does not follow the stored offsets
+    │   └── OffsetGapError             it would skip records (its start is past the next offset)
+    ├── StateDirError              a state directory that is not ours, or unusable
+    │   └── StateDirLockedError        the directory is held by another process (or handle)
+    └── InvalidCursorError         a pagination cursor that this store did not issue
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Root of every expected failure in the stores package."""
+
+
+class UnknownStoreError(StoreError):
+    """No store of that name exists."""
+
+
+class StoreNotReadyError(StoreError):
+    """The partition that holds the key is not queryable right now."""
+
+    def __init__(self, message: str, *, state: str, retry_after_ms: int = 1000) -> None:
+        super().__init__(message)
+        self.state = state
+        self.retry_after_ms = retry_after_ms
+
+
+class InvalidKeyError(StoreError):
+    """A key that the store's key codec cannot encode."""
+
+
+class ValueFormatError(StoreError):
+    """A stored value that cannot be decoded."""
+
+
+class CorruptValueError(ValueFormatError):
+    """The stored bytes are not a value of the format their header names."""
+
+
+class UnknownFormatError(ValueFormatError):
+    """The stored value has a format version this code does not know."""
+
+
+class OffsetError(StoreError):
+    """A batch that does not follow the offsets stored in the partition database."""
+
+
+class OffsetGapError(OffsetError):
+    """A batch whose start offset is past the next offset to apply: applying it would lose records."""
+
+
+class StateDirError(StoreError):
+    """A state directory that is not ours or cannot be used."""
+
+
+class StateDirLockedError(StateDirError):
+    """A partition database that another process (or a live handle) holds open."""
+
+
+class InvalidCursorError(StoreError):
+    """A pagination cursor that is malformed or belongs to another query."""

@@ -1,0 +1,90 @@
+"""The key-value store view of one partition: point and range reads, and the merges a batch applies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from stores.aggregations import Aggregation, merge_state
+from stores.codecs import Key, KeyCodec, decode_value, encode_value
+from stores.partition import PartitionDB, PartitionTransaction
+from stores.scan import Page, inclusive_stop, paginate, prefix_stop
+from stores.spec import StoreKind
+
+DEFAULT_PAGE = 100
+
+
+class KeyValueStore:
+    """Latest value, count, sum, min, max or avg per key, in one partition database."""
+
+    def __init__(self, db: PartitionDB, name: str) -> None:
+        self.db = db
+        self.spec = db.spec(name)
+        if self.spec.kind is not StoreKind.KEY_VALUE:
+            raise TypeError(f"store {name!r} is a {self.spec.kind.value} store, not key_value")
+        self.name = name
+        self.codec = KeyCodec(self.spec.key_type)
+        self._finalize = self.spec.aggregation.finalize
+
+    def _value(self, raw: bytes | None) -> Any:
+        return None if raw is None else self._finalize(decode_value(raw))
+
+    def _entry(self, key: bytes, raw: bytes) -> tuple[Key, Any]:
+        return self.codec.decode(key), self._finalize(decode_value(raw))
+
+    def get(self, key: Key) -> Any:
+        """Return the value of key, or None if it has none."""
+        encoded = self.codec.encode(key)
+        self.db.check_queryable()
+        return self._value(self.db.family(self.name).get(encoded))
+
+    def multi_get(self, keys: Sequence[Key]) -> list[Any]:
+        """Return the values of keys in key order (None where missing), in one RocksDB multi-get."""
+        encoded = [self.codec.encode(k) for k in keys]
+        self.db.check_queryable()
+        return [self._value(raw) for raw in self.db.multi_get(self.name, encoded)]
+
+    def range(
+        self, from_key: Key | None, to_key: Key | None, limit: int = DEFAULT_PAGE, after: str | None = None
+    ) -> Page[tuple[Key, Any]]:
+        """Return entries with from_key <= key <= to_key (None: unbounded) in natural key order."""
+        lower = None if from_key is None else self.codec.encode(from_key)
+        upper = None if to_key is None else self.codec.encode(to_key)
+        self.db.check_queryable()
+        return paginate(self.db.family(self.name), lower, inclusive_stop(upper), limit, after, self._entry)
+
+    def prefix(self, prefix: str, limit: int = DEFAULT_PAGE, after: str | None = None) -> Page[tuple[Key, Any]]:
+        """Return entries whose (string) key starts with prefix, in key order."""
+        encoded = self.codec.encode_prefix(prefix)
+        self.db.check_queryable()
+        return paginate(self.db.family(self.name), encoded, prefix_stop(encoded), limit, after, self._entry)
+
+    def all(self, limit: int = DEFAULT_PAGE, after: str | None = None) -> Page[tuple[Key, Any]]:
+        """Return every entry, a page at a time, in key order."""
+        return self.range(None, None, limit, after)
+
+    def approximate_num_entries(self) -> int:
+        """Return RocksDB's estimate of the number of keys (fast; may be off after deletes)."""
+        self.db.check_queryable()
+        return self.db.family(self.name).property_int_value("rocksdb.estimate-num-keys") or 0
+
+    def merge(
+        self, tx: PartitionTransaction, items: Iterable[tuple[Key, Any]], aggregation: Aggregation | None = None
+    ) -> None:
+        """Fold each (key, partial state) into the stored state with the store's aggregation."""
+        agg = aggregation or self.spec.aggregation
+        pairs = [(self.codec.encode(k), partial) for k, partial in items]
+        if not pairs:
+            return
+        stored = tx.multi_get(self.name, [k for k, _ in pairs])
+        for (key, partial), raw in zip(pairs, stored, strict=True):
+            old = None if raw is None else decode_value(raw)
+            tx.put(self.name, key, encode_value(merge_state(agg, old, partial)))
+
+    def put(self, tx: PartitionTransaction, key: Key, value: Any) -> None:
+        """Store value under key, replacing any state."""
+        tx.put(self.name, self.codec.encode(key), encode_value(value))
+
+    def delete(self, tx: PartitionTransaction, key: Key) -> None:
+        """Remove key."""
+        tx.delete(self.name, self.codec.encode(key))

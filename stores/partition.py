@@ -1,0 +1,261 @@
+"""The partition database: one RocksDB per (topic, partition), a column family per store plus meta.
+
+It holds the next offset to apply for its topic-partition in the meta family, written in the same
+WriteBatch as the data that batch covers (invariant 1): a batch is applied whole with its offsets, or
+not at all. Handing a partition over is opening, closing or deleting one directory (invariant 2).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from rocksdict import ColumnFamily, Options, Rdict, WriteBatch
+
+from stores.codecs import decode_int64, encode_int64
+from stores.exceptions import (
+    OffsetError,
+    OffsetGapError,
+    StateDirError,
+    StateDirLockedError,
+    StoreNotReadyError,
+    UnknownStoreError,
+)
+from stores.spec import StoreSpec
+
+log = logging.getLogger(__name__)
+
+META_CF = "__meta"
+NEXT_OFFSET_KEY = b"next_offset"
+
+
+class PartitionState(enum.Enum):
+    """Lifecycle of a partition database, as readers see it."""
+
+    CREATED = "CREATED"
+    RESTORING = "RESTORING"
+    RUNNING = "RUNNING"
+    CLOSED = "CLOSED"
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    return options
+
+
+def _open_rdict(path: Path, families: Iterable[str]) -> Rdict:
+    wanted = set(families) | {META_CF}
+    if (path / "CURRENT").exists():
+        wanted |= set(Rdict.list_cf(str(path), Options(raw_mode=True))) - {"default"}
+    try:
+        return Rdict(str(path), _options(), column_families={cf: Options(raw_mode=True) for cf in wanted})
+    except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
+        if "lock" in str(exc).lower():
+            raise StateDirLockedError(f"partition database {path} is open in another process or handle") from exc
+        raise StateDirError(f"cannot open partition database {path}: {exc}") from exc
+
+
+class PartitionDB:
+    """One RocksDB holding every store's data for one topic-partition, and the offsets applied."""
+
+    def __init__(self, path: Path, topic: str, partition: int, specs: Sequence[StoreSpec]) -> None:
+        self.path = path
+        self.topic = topic
+        self.partition = partition
+        self.specs = {spec.name: spec for spec in specs}
+        path.mkdir(parents=True, exist_ok=True)
+        self._db: Rdict | None = _open_rdict(path, (cf for s in specs for cf in s.column_families))
+        self._families: dict[str, Rdict] = {}
+        self._handles: dict[str, ColumnFamily] = {}
+        self._write_lock = threading.Lock()
+        self.state = PartitionState.CREATED
+
+    def __repr__(self) -> str:
+        return f"PartitionDB({self.topic}-{self.partition}, {self.state.value})"
+
+    @property
+    def rdict(self) -> Rdict:
+        """Return the open RocksDB; raise StoreNotReadyError once closed."""
+        if self._db is None:
+            raise StoreNotReadyError(f"partition {self.topic}-{self.partition} is closed", state="CLOSED")
+        return self._db
+
+    def spec(self, name: str) -> StoreSpec:
+        """Return the spec of store name; raise UnknownStoreError if this database has none."""
+        try:
+            return self.specs[name]
+        except KeyError:
+            known = ", ".join(sorted(self.specs)) or "none"
+            raise UnknownStoreError(f"no store named {name!r} (stores: {known})") from None
+
+    def family(self, name: str) -> Rdict:
+        """Return the column family name (a store's, or meta)."""
+        family = self._families.get(name)
+        if family is None:
+            self._check_family(name)
+            family = self._families[name] = self.rdict.get_column_family(name)
+        return family
+
+    def handle(self, name: str) -> ColumnFamily:
+        """Return the write handle of column family name."""
+        handle = self._handles.get(name)
+        if handle is None:
+            self._check_family(name)
+            handle = self._handles[name] = self.rdict.get_column_family_handle(name)
+        return handle
+
+    def _check_family(self, name: str) -> None:
+        if name != META_CF and not any(name in s.column_families for s in self.specs.values()):
+            self.spec(name)
+
+    def set_state(self, state: PartitionState) -> None:
+        """Move the partition to state (the runner does this as it restores and serves)."""
+        log.debug("partition %s-%s: %s -> %s", self.topic, self.partition, self.state.value, state.value)
+        self.state = state
+
+    def check_queryable(self) -> None:
+        """Raise StoreNotReadyError unless the partition answers queries."""
+        if self.state is not PartitionState.RUNNING:
+            raise StoreNotReadyError(
+                f"partition {self.topic}-{self.partition} is {self.state.value}, not RUNNING",
+                state=self.state.value,
+            )
+
+    def meta(self, key: bytes) -> bytes | None:
+        """Return the meta value stored under key."""
+        value: bytes | None = self.family(META_CF).get(key)
+        return value
+
+    def multi_get(self, family: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Return the values of keys in family, in key order, in one RocksDB multi-get."""
+        if not keys:
+            return []
+        values: list[bytes | None] = self.family(family).get(list(keys))  # type: ignore[assignment]
+        return values
+
+    def next_offset(self) -> int:
+        """Return the offset of the first record not yet applied (0 for a new partition)."""
+        raw = self.meta(NEXT_OFFSET_KEY)
+        return 0 if raw is None else decode_int64(raw)
+
+    def begin(self, start_offset: int, end_offset: int) -> PartitionTransaction | None:
+        """Start applying records [start_offset, end_offset); None if they are applied already.
+
+        Raises OffsetGapError if start_offset is past the next offset (records would be lost) and
+        OffsetError if the range straddles it (the caller must drop the records already applied).
+        """
+        expected = self.next_offset()
+        if end_offset <= expected:
+            return None
+        if start_offset > expected:
+            raise OffsetGapError(
+                f"{self.topic}-{self.partition}: batch starts at {start_offset}, next offset is {expected}"
+            )
+        if start_offset < expected:
+            raise OffsetError(
+                f"{self.topic}-{self.partition}: batch [{start_offset}, {end_offset}) overlaps applied "
+                f"records; start it at {expected}"
+            )
+        return PartitionTransaction(self, end_offset)
+
+    def write(self, batch: WriteBatch) -> None:
+        """Write batch atomically."""
+        with self._write_lock:
+            self.rdict.write(batch)
+
+    def close(self) -> None:
+        """Close the database, dropping every handle so that the directory can be reopened."""
+        if self._db is None:
+            return
+        self._families.clear()
+        self._handles.clear()
+        db, self._db = self._db, None
+        db.close()
+        self.state = PartitionState.CLOSED
+
+    def delete(self) -> None:
+        """Close the database and remove its directory."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+Hook = Callable[[], None]
+
+
+class PartitionTransaction:
+    """The writes of one batch into one partition database, committed with the new offset at once.
+
+    Reads through the transaction see its own pending writes, so merges within a batch compose.
+    """
+
+    def __init__(self, db: PartitionDB, end_offset: int) -> None:
+        self.db = db
+        self.end_offset = end_offset
+        self._batch = WriteBatch(raw_mode=True)
+        self._pending: dict[str, dict[bytes, bytes | None]] = {}
+        self._before_commit: list[Hook] = []
+        self._after_abort: list[Hook] = []
+        self._done = False
+
+    def __enter__(self) -> PartitionTransaction:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def multi_get(self, family: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Return the values of keys in family, pending writes first."""
+        pending = self._pending.get(family, {})
+        missing = [k for k in keys if k not in pending]
+        stored = dict(zip(missing, self.db.multi_get(family, missing), strict=True))
+        return [pending[k] if k in pending else stored[k] for k in keys]
+
+    def put(self, family: str, key: bytes, value: bytes) -> None:
+        """Write value under key in family when the transaction commits."""
+        self._batch.put(key, value, self.db.handle(family))
+        self._pending.setdefault(family, {})[key] = value
+
+    def delete(self, family: str, key: bytes) -> None:
+        """Delete key from family when the transaction commits."""
+        self._batch.delete(key, self.db.handle(family))
+        self._pending.setdefault(family, {})[key] = None
+
+    def before_commit(self, hook: Hook) -> None:
+        """Run hook just before the batch is written (a view flushing what it buffered)."""
+        self._before_commit.append(hook)
+
+    def after_abort(self, hook: Hook) -> None:
+        """Run hook if the transaction is abandoned or its write fails (a view dropping its changes)."""
+        self._after_abort.append(hook)
+
+    def commit(self) -> None:
+        """Write every change and the new next offset in one atomic batch."""
+        if self._done:
+            raise OffsetError("transaction already finished")
+        try:
+            for hook in self._before_commit:
+                hook()
+            self.put(META_CF, NEXT_OFFSET_KEY, encode_int64(self.end_offset))
+            self.db.write(self._batch)
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+
+    def abort(self) -> None:
+        """Drop every change; the database keeps the state of the last committed batch."""
+        self._done = True
+        for hook in self._after_abort:
+            hook()

@@ -1,0 +1,198 @@
+"""The window store view of one partition: values per key per time window, with grace and retention.
+
+Two column families: ``<store>`` keyed by window key (key, then window start: ordered by key, then
+time) and ``<store>.by_time`` keyed by window start then key (ordered by time), which serves fetch_all
+and lets retention drop the oldest windows without scanning every key. Stream time (the largest event
+time applied) and the count of late records live in the meta family, written with each batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stores.aggregations import Aggregation, merge_state
+from stores.codecs import Key, KeyCodec, decode_int64, decode_value, encode_int64, encode_value
+from stores.partition import META_CF, PartitionDB, PartitionTransaction
+from stores.scan import Page, inclusive_stop, paginate, scan
+from stores.spec import StoreKind, WindowSpec
+
+DEFAULT_PAGE = 100
+NO_TIME = -(1 << 63)
+
+
+@dataclass(frozen=True)
+class WindowedValue:
+    """The value of one key in one window [start, end)."""
+
+    key: Key
+    start: int
+    end: int
+    value: Any
+
+
+class WindowStore:
+    """Tumbling or hopping window aggregates per key, in one partition database."""
+
+    def __init__(self, db: PartitionDB, name: str) -> None:
+        self.db = db
+        self.spec = db.spec(name)
+        if self.spec.kind is not StoreKind.WINDOW or self.spec.window is None:
+            raise TypeError(f"store {name!r} is a {self.spec.kind.value} store, not window")
+        self.window: WindowSpec = self.spec.window
+        self.name = name
+        self.index = f"{name}.by_time"
+        self.codec = KeyCodec(self.spec.key_type)
+        self._stream_time_key = b"stream_time:" + name.encode()
+        self._late_key = b"late:" + name.encode()
+
+    def stream_time(self) -> int | None:
+        """Return the largest event time applied so far (None before the first record)."""
+        raw = self.db.meta(self._stream_time_key)
+        return None if raw is None else decode_int64(raw)
+
+    def late_records(self) -> int:
+        """Return how many records arrived after their window closed and were not applied."""
+        raw = self.db.meta(self._late_key)
+        return 0 if raw is None else decode_int64(raw)
+
+    def _expired_before(self, stream_time: int | None) -> int:
+        """Return the first window start still retained at stream_time."""
+        return NO_TIME if stream_time is None else stream_time - self.window.retention + 1
+
+    def _closed(self, start: int, stream_time: int | None) -> bool:
+        return stream_time is not None and start + self.window.size_ms + self.window.grace_ms <= stream_time
+
+    def _entry(self, key: bytes, raw: bytes) -> WindowedValue:
+        k, start = self.codec.decode_window_key(key)
+        value = self.spec.aggregation.finalize(decode_value(raw))
+        return WindowedValue(k, start, start + self.window.size_ms, value)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def fetch(self, key: Key, time_from: int, time_to: int) -> list[WindowedValue]:
+        """Return key's windows whose start is in [time_from, time_to], oldest first."""
+        prefix = self.codec.encode_window_prefix(key)
+        self.db.check_queryable()
+        time_from = max(time_from, self._expired_before(self.stream_time()))
+        upper = prefix + encode_int64(time_to)
+        found = scan(self.db.family(self.name), prefix + encode_int64(time_from), inclusive_stop(upper))
+        return [self._entry(k, v) for k, v in found]
+
+    def fetch_all(
+        self, time_from: int, time_to: int, limit: int = DEFAULT_PAGE, after: str | None = None
+    ) -> Page[WindowedValue]:
+        """Return every key's windows whose start is in [time_from, time_to], by start then key."""
+        self.db.check_queryable()
+        time_from = max(time_from, self._expired_before(self.stream_time()))
+        if time_from > time_to:
+            return Page()
+        family = self.db.family(self.name)
+        stop_at = encode_int64(time_to + 1)
+
+        def entry(index_key: bytes, _: bytes) -> WindowedValue:
+            window_key = index_key[8:]
+            raw: bytes = family[window_key]  # type: ignore[assignment]
+            return self._entry(window_key, raw)
+
+        lower = encode_int64(time_from)
+        return paginate(self.db.family(self.index), lower, lambda k: k >= stop_at, limit, after, entry)
+
+    def fetch_range(
+        self,
+        from_key: Key | None,
+        to_key: Key | None,
+        time_from: int,
+        time_to: int,
+        limit: int = DEFAULT_PAGE,
+        after: str | None = None,
+    ) -> Page[WindowedValue]:
+        """Return windows of keys in [from_key, to_key] with start in [time_from, time_to], by key then time."""
+        lower = None if from_key is None else self.codec.encode_window_prefix(from_key)
+        upper = None if to_key is None else self.codec.encode_window_prefix(to_key)
+        self.db.check_queryable()
+        time_from = max(time_from, self._expired_before(self.stream_time()))
+        page: Page[tuple[bytes, bytes]] = paginate(
+            self.db.family(self.name),
+            lower,
+            None if upper is None else (lambda k: k[:-8] > upper),
+            limit,
+            after,
+            lambda k, v: (k, v),
+        )
+        # Windows outside the time range are skipped after paging so that the cursor keeps its place.
+        return Page(
+            [self._entry(k, v) for k, v in page.items if time_from <= decode_int64(k[-8:]) <= time_to],
+            page.next_cursor,
+        )
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def merge(
+        self,
+        tx: PartitionTransaction,
+        items: Iterable[tuple[Key, int, Any]],
+        stream_time: int | None,
+        late: int = 0,
+        aggregation: Aggregation | None = None,
+    ) -> None:
+        """Fold partial states per (key, window start) and advance stream time.
+
+        Windows already closed (end + grace <= stream time before this batch) are not applied and
+        count as late, as do the late records the caller found; windows past retention are dropped.
+        """
+        agg = aggregation or self.spec.aggregation
+        before = self.stream_time()
+        after = before if stream_time is None else stream_time if before is None else max(before, stream_time)
+        retained_from = self._expired_before(after)
+        pairs: list[tuple[bytes, int, Any]] = []
+        for key, start, partial in items:
+            if self._closed(start, before):
+                late += 1
+                continue
+            if start < retained_from:  # already past retention: it would be dropped at once
+                continue
+            pairs.append((self.codec.encode_window_key(key, start), start, partial))
+        self._apply(tx, pairs, agg)
+        if after is not None and after != before:
+            tx.put(META_CF, self._stream_time_key, encode_int64(after))
+            self._drop_expired(tx, retained_from)
+        if late:
+            tx.put(META_CF, self._late_key, encode_int64(self.late_records() + late))
+
+    def _apply(self, tx: PartitionTransaction, pairs: Sequence[tuple[bytes, int, Any]], agg: Aggregation) -> None:
+        stored = tx.multi_get(self.name, [k for k, _, _ in pairs]) if pairs else []
+        for (key, start, partial), raw in zip(pairs, stored, strict=True):
+            if raw is None:
+                tx.put(self.index, encode_int64(start) + key, b"")
+            old = None if raw is None else decode_value(raw)
+            tx.put(self.name, key, encode_value(merge_state(agg, old, partial)))
+
+    def _drop_expired(self, tx: PartitionTransaction, retained_from: int) -> None:
+        stop = encode_int64(retained_from)
+        for index_key, _ in scan(self.db.family(self.index), None, lambda k: k >= stop):
+            tx.delete(self.index, index_key)
+            tx.delete(self.name, index_key[8:])
+
+    def aggregate(
+        self, tx: PartitionTransaction, records: Iterable[tuple[Key, int, Any]], aggregation: Aggregation | None = None
+    ) -> None:
+        """Apply records (key, event time, partial) in offset order, record by record.
+
+        Each record advances stream time first; a record whose window is closed by then is late.
+        """
+        agg = aggregation or self.spec.aggregation
+        stream_time = self.stream_time()
+        partials: dict[tuple[Key, int], Any] = {}
+        late = 0
+        for key, timestamp, partial in records:
+            self.codec.check(key)
+            stream_time = timestamp if stream_time is None else max(stream_time, timestamp)
+            for start in self.window.window_starts(timestamp):
+                if self._closed(start, stream_time):
+                    late += 1
+                    continue
+                partials[(key, start)] = merge_state(agg, partials.get((key, start)), partial)
+        items = [(k, start, p) for (k, start), p in partials.items()]
+        self.merge(tx, items, stream_time, late, agg)

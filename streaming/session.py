@@ -1,0 +1,82 @@
+"""Build the SparkSession that iqgraph's streaming queries run in.
+
+Local settings suit a small machine: few shuffle partitions, no UI, no console progress bar, Arrow on, UTC
+session time zone, loopback driver address, and Spark's own logging turned down to warnings. Python workers
+run the interpreter that builds the session, so the Python Data Source and the sinks import this project.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+__all__ = ["build_spark_session"]
+
+# Warnings and errors to stderr, one line each; silence the start-up notices Spark logs at WARN.
+_LOG4J2 = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
+logger.nativecode.level = error
+"""
+
+
+def build_spark_session(
+    master: str = "local[*]",
+    *,
+    shuffle_partitions: int = 4,
+    driver_memory: str = "1g",
+    app_name: str = "iqgraph",
+    log_level: str = "WARN",
+    extra_conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Return a SparkSession configured for iqgraph's pipelines (created, or the active one reused)."""
+    # SparkContext reads the worker interpreter from the environment only; default it to ours.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else a warning on every start
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**_base_conf(master, shuffle_partitions, driver_memory), **(extra_conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    return spark
+
+
+def _base_conf(master: str, shuffle_partitions: int, driver_memory: str) -> dict[str, str]:
+    """Return the Spark settings every iqgraph session uses."""
+    conf = {
+        "spark.driver.memory": driver_memory,
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.default.parallelism": str(shuffle_partitions),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.streaming.minBatchesToRetain": "10",
+        "spark.python.worker.reuse": "true",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_file()}",
+    }
+    if master.startswith("local"):
+        conf |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    return conf
+
+
+def _log4j2_file() -> Path:
+    """Write the log4j2 configuration for the driver JVM and return its path."""
+    path = Path(tempfile.gettempdir()) / "iqgraph-log4j2.properties"
+    if not path.exists() or path.read_text() != _LOG4J2:
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        partial.write_text(_LOG4J2)
+        partial.replace(path)  # atomic: several nodes may start at once
+    return path
