@@ -140,6 +140,11 @@ class PartitionDB:
         values: list[bytes | None] = self.family(family).get(list(keys))  # type: ignore[assignment]
         return values
 
+    def counter(self, name: str) -> int:
+        """Return the counter name kept in meta (late records, bad records, …); 0 if never counted."""
+        raw = self.meta(b"counter:" + name.encode())
+        return 0 if raw is None else decode_int64(raw)
+
     def next_offset(self) -> int:
         """Return the offset of the first record not yet applied (0 for a new partition)."""
         raw = self.meta(NEXT_OFFSET_KEY)
@@ -231,6 +236,12 @@ class PartitionTransaction:
         """Delete key from family when the transaction commits."""
         self._batch.delete(key, self.db.handle(family))
         self._pending.setdefault(family, {})[key] = None
+
+    def increment(self, counter: str, amount: int) -> None:
+        """Add amount to counter (see PartitionDB.counter) when the transaction commits."""
+        key = b"counter:" + counter.encode()
+        raw = self.multi_get(META_CF, [key])[0]
+        self.put(META_CF, key, encode_int64((0 if raw is None else decode_int64(raw)) + amount))
 
     def before_commit(self, hook: Hook) -> None:
         """Run hook just before the batch is written (a view flushing what it buffered)."""

@@ -45,7 +45,7 @@ class WindowStore:
         self.index = f"{name}.by_time"
         self.codec = KeyCodec(self.spec.key_type)
         self._stream_time_key = b"stream_time:" + name.encode()
-        self._late_key = b"late:" + name.encode()
+        self._late_counter = f"late:{name}"
 
     def stream_time(self) -> int | None:
         """Return the largest event time applied so far (None before the first record)."""
@@ -54,8 +54,7 @@ class WindowStore:
 
     def late_records(self) -> int:
         """Return how many records arrived after their window closed and were not applied."""
-        raw = self.db.meta(self._late_key)
-        return 0 if raw is None else decode_int64(raw)
+        return self.db.counter(self._late_counter)
 
     def _expired_before(self, stream_time: int | None) -> int:
         """Return the first window start still retained at stream_time."""
@@ -159,7 +158,7 @@ class WindowStore:
             tx.put(META_CF, self._stream_time_key, encode_int64(after))
             self._drop_expired(tx, retained_from)
         if late:
-            tx.put(META_CF, self._late_key, encode_int64(self.late_records() + late))
+            tx.increment(self._late_counter, late)
 
     def _apply(self, tx: PartitionTransaction, pairs: Sequence[tuple[bytes, int, Any]], agg: Aggregation) -> None:
         stored = tx.multi_get(self.name, [k for k, _, _ in pairs]) if pairs else []

@@ -1,0 +1,97 @@
+"""Decode raw Kafka records into typed columns, marking the bad ones instead of failing on them.
+
+Output columns: ``_topic``, ``_partition``, ``_offset``, ``_timestamp``, ``_key`` (string or long),
+``_event_ms`` (event time in epoch milliseconds), the value's columns (JSON) or ``value`` (string, bytes),
+``_raw_key`` and ``_raw_value`` (for the dead-letter topic) and ``_error`` (null for a good record, else
+why it is bad: null key, value too large, undecodable value, missing event time).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, NumericType, StringType, StructField, StructType, TimestampType
+
+from streaming.definitions import DefinitionError, Topic
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+CORRUPT = "_corrupt"
+META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key", "_event_ms", "_raw_key", "_raw_value")
+
+
+def value_schema(topic: Topic) -> StructType | None:
+    """Return the StructType of topic's JSON values (None for string or bytes values)."""
+    if topic.value_format != "json":
+        return None
+    if isinstance(topic.schema, StructType):
+        return topic.schema
+    parsed = DataType.fromDDL(str(topic.schema))
+    if not isinstance(parsed, StructType):
+        raise DefinitionError(f"topic {topic.name!r}: schema must be a struct, got {parsed.simpleString()}")
+    return parsed
+
+
+def _key_column(topic: Topic) -> Column:
+    if topic.key_format == "string":
+        return F.col("key").cast("string")
+    unsigned = F.conv(F.hex(F.col("key")), 16, 10).cast("decimal(20,0)")
+    signed = F.when(unsigned >= F.lit(2**63), unsigned - F.lit(2**64)).otherwise(unsigned)
+    return F.when(F.length("key") == 8, signed.cast("long"))
+
+
+def _event_ms(topic: Topic, schema: StructType | None) -> Column:
+    if topic.event_time is None:
+        return F.unix_millis(F.col("timestamp"))
+    if schema is None or topic.event_time not in schema.fieldNames():
+        raise DefinitionError(f"topic {topic.name!r}: event_time column {topic.event_time!r} is not in its schema")
+    field_type = schema[topic.event_time].dataType
+    column = F.col(f"_value.{topic.event_time}")
+    if isinstance(field_type, TimestampType):
+        return F.unix_millis(column)
+    if isinstance(field_type, NumericType):
+        return column.cast("long")
+    raise DefinitionError(f"topic {topic.name!r}: event_time column must be a timestamp or epoch milliseconds")
+
+
+def _value_columns(topic: Topic, schema: StructType | None) -> list[Column]:
+    if schema is not None:
+        return [F.col(f"_value.{name}").alias(name) for name in schema.fieldNames()]
+    if topic.value_format == "string":
+        return [F.col("value").cast("string").alias("value")]
+    return [F.col("value").alias("value")]
+
+
+def decode(raw: DataFrame, topic: Topic, schema: StructType | None) -> DataFrame:
+    """Return raw Kafka rows of topic decoded, with ``_error`` set on the bad ones."""
+    parsed = raw
+    undecodable = F.lit(False)
+    if schema is not None:
+        with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType())])
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+        parsed = raw.withColumn("_value", F.from_json(F.col("value").cast("string"), with_corrupt, options))
+        undecodable = F.col("_value").isNull() | F.col(f"_value.{CORRUPT}").isNotNull()
+    key = _key_column(topic)
+    event_ms = _event_ms(topic, schema)
+    error = (
+        F.when(F.col("value").isNull(), F.lit("null value"))
+        .when(F.length("value") > topic.max_value_bytes, F.lit("value too large"))
+        .when(undecodable, F.lit("undecodable value"))
+        .when(key.isNull(), F.lit("null key" if topic.key_format == "string" else "null or non-8-byte long key"))
+        .when(event_ms.isNull(), F.lit("missing event time"))
+    )
+    return parsed.select(
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+        F.col("timestamp").alias("_timestamp"),
+        key.alias("_key"),
+        event_ms.alias("_event_ms"),
+        F.col("key").alias("_raw_key"),
+        F.col("value").alias("_raw_value"),
+        error.alias("_error"),
+        *_value_columns(topic, schema),
+    )

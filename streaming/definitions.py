@@ -1,0 +1,264 @@
+"""Store definitions: what a user writes to declare an app, its topics and its stores.
+
+An app module holds an ``App``::
+
+    app = App(
+        name="shop",
+        topics=[Topic("orders", schema="customer STRING, amount DOUBLE, item STRING", event_time="ts")],
+        stores=[
+            key_value_store("order_count", "orders", count(), description="Orders per customer"),
+            window_store("orders_per_minute", "orders", count(), tumbling(minutes=1)),
+            bloom_store("items_sold", "orders", key="item"),
+        ],
+    )
+
+A store is fed from one topic, keyed by the record key unless ``key`` names a column, optionally
+transformed by a PySpark function DataFrame → DataFrame, and aggregated by a mergeable aggregation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from stores import BloomSpec, StoreKind, StoreSpec, WindowSpec, aggregation_named
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+Transform = Callable[["DataFrame"], "DataFrame"]
+ValueFormat = Literal["json", "string", "bytes"]
+KeyFormat = Literal["string", "long"]
+Partitioner = Literal["murmur2", "consistent_random"]
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+class DefinitionError(ValueError):
+    """An app definition that cannot run; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Where the topics live; ``config`` passes through to librdkafka (SASL, SSL, …)."""
+
+    bootstrap_servers: str = "localhost:9092"
+    config: Mapping[str, str] = field(default_factory=dict)
+    partitioner: Partitioner = "murmur2"
+    dead_letter_topic: str | None = None
+
+
+@dataclass(frozen=True)
+class Topic:
+    """An input topic: how its keys and values are encoded and where event time comes from."""
+
+    name: str
+    schema: str | StructType | None = None
+    value_format: ValueFormat = "json"
+    key_format: KeyFormat = "string"
+    event_time: str | None = None
+    partitions: int = 6
+    max_value_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.value_format == "json" and self.schema is None:
+            raise DefinitionError(f"topic {self.name!r}: JSON values need a schema (Spark DDL or StructType)")
+        if self.value_format not in ("json", "string", "bytes"):
+            raise DefinitionError(f"topic {self.name!r}: value_format must be json, string or bytes")
+        if self.key_format not in ("string", "long"):
+            raise DefinitionError(f"topic {self.name!r}: key_format must be string or long")
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A mergeable aggregation over a column (or the whole record for count and latest)."""
+
+    kind: str
+    column: str | None = None
+    columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        aggregation_named(self.kind)
+        if self.kind in ("sum", "min", "max", "avg") and not self.column:
+            raise DefinitionError(f"{self.kind} needs a column: {self.kind}('amount')")
+
+
+def count() -> Aggregate:
+    """Count records per key."""
+    return Aggregate("count")
+
+
+def sum_(column: str) -> Aggregate:
+    """Sum column per key."""
+    return Aggregate("sum", column)
+
+
+def min_(column: str) -> Aggregate:
+    """Keep the smallest value of column per key."""
+    return Aggregate("min", column)
+
+
+def max_(column: str) -> Aggregate:
+    """Keep the largest value of column per key."""
+    return Aggregate("max", column)
+
+
+def avg(column: str) -> Aggregate:
+    """Average column per key (kept as sum and count)."""
+    return Aggregate("avg", column)
+
+
+def latest(*columns: str) -> Aggregate:
+    """Keep the latest record per key (by offset): the whole value, or the columns named."""
+    return Aggregate("latest", columns=columns)
+
+
+def tumbling(*, minutes: int = 0, seconds: int = 0, grace_seconds: int = 0, retention_hours: int = 24) -> WindowSpec:
+    """Return back-to-back windows of the given size."""
+    size = (minutes * 60 + seconds) * 1000
+    return WindowSpec(size, grace_ms=grace_seconds * 1000, retention_ms=max(retention_hours * 3_600_000, size))
+
+
+def hopping(
+    *, size_seconds: int, advance_seconds: int, grace_seconds: int = 0, retention_hours: int = 24
+) -> WindowSpec:
+    """Return overlapping windows of size_seconds starting every advance_seconds."""
+    size = size_seconds * 1000
+    retention = max(retention_hours * 3_600_000, size + grace_seconds * 1000)
+    return WindowSpec(size, advance_seconds * 1000, grace_seconds * 1000, retention)
+
+
+@dataclass(frozen=True)
+class StoreDefinition:
+    """One store: its kind, source topic, key, transformation and aggregation."""
+
+    name: str
+    kind: StoreKind
+    topic: str
+    aggregate: Aggregate = field(default_factory=count)
+    key: str | None = None
+    transform: Transform | None = None
+    window: WindowSpec | None = None
+    bloom: BloomSpec | None = None
+    description: str | None = None
+    key_type: Literal["string", "int"] | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise DefinitionError(f"store name {self.name!r}: use a letter then letters, digits or '_'")
+
+    @property
+    def co_partitioned(self) -> bool:
+        """Return whether the store is keyed by the record key, so the producers' partitioner finds a key.
+
+        A store keyed by another column holds each key in whatever partition its records arrived on:
+        lookups must ask every partition.
+        """
+        return self.key is None
+
+    def spec(self, topic: Topic) -> StoreSpec:
+        """Return the spec the stores package keeps this store by."""
+        agg = aggregation_named("latest" if self.kind is StoreKind.BLOOM else self.aggregate.kind)
+        return StoreSpec(self.name, self.kind, self.resolved_key_type(topic), agg, self.window, self.bloom)
+
+    def resolved_key_type(self, topic: Topic) -> Literal["string", "int"]:
+        """Return the type of this store's keys: declared, else from the topic's key format."""
+        if self.key_type is not None:
+            return self.key_type
+        return "int" if self.key is None and topic.key_format == "long" else "string"
+
+
+def key_value_store(
+    name: str,
+    topic: str,
+    aggregate: Aggregate,
+    *,
+    key: str | None = None,
+    transform: Transform | None = None,
+    description: str | None = None,
+) -> StoreDefinition:
+    """Define a key-value store: one aggregate per key."""
+    return StoreDefinition(name, StoreKind.KEY_VALUE, topic, aggregate, key, transform, description=description)
+
+
+def window_store(
+    name: str,
+    topic: str,
+    aggregate: Aggregate,
+    window: WindowSpec,
+    *,
+    key: str | None = None,
+    transform: Transform | None = None,
+    description: str | None = None,
+) -> StoreDefinition:
+    """Define a window store: one aggregate per key per time window."""
+    return StoreDefinition(name, StoreKind.WINDOW, topic, aggregate, key, transform, window, description=description)
+
+
+def bloom_store(
+    name: str,
+    topic: str,
+    *,
+    key: str | None = None,
+    key_type: Literal["string", "int"] | None = None,
+    capacity: int = 100_000,
+    error_rate: float = 0.001,
+    transform: Transform | None = None,
+    description: str | None = None,
+) -> StoreDefinition:
+    """Define a bloom store: has this key (the record key, or column ``key``) been seen?"""
+    bloom = BloomSpec(capacity, error_rate)
+    return StoreDefinition(
+        name,
+        StoreKind.BLOOM,
+        topic,
+        Aggregate("latest"),
+        key,
+        transform,
+        bloom=bloom,
+        description=description,
+        key_type=key_type,
+    )
+
+
+@dataclass(frozen=True)
+class App:
+    """An application: its topics, its stores and how to reach Kafka."""
+
+    name: str
+    topics: Sequence[Topic]
+    stores: Sequence[StoreDefinition]
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    description: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise DefinitionError(f"app name {self.name!r}: use a letter then letters, digits or '_'")
+        topics = {t.name for t in self.topics}
+        names = [s.name for s in self.stores]
+        if len(set(names)) != len(names):
+            raise DefinitionError(f"app {self.name!r}: store names must be unique, got {names}")
+        for store in self.stores:
+            if store.topic not in topics:
+                raise DefinitionError(f"store {store.name!r} reads topic {store.topic!r}, which the app lacks")
+
+    def topic(self, name: str) -> Topic:
+        """Return the topic called name."""
+        return next(t for t in self.topics if t.name == name)
+
+    def stores_of(self, topic: str) -> list[StoreDefinition]:
+        """Return the stores fed from topic."""
+        return [s for s in self.stores if s.topic == topic]
+
+    def store(self, name: str) -> StoreDefinition:
+        """Return the store called name; raise KeyError naming the known stores."""
+        for store in self.stores:
+            if store.name == name:
+                return store
+        raise KeyError(f"no store {name!r}; stores: {', '.join(s.name for s in self.stores)}")
+
+    def specs(self, topic: str) -> list[StoreSpec]:
+        """Return the store specs kept in each partition database of topic."""
+        return [s.spec(self.topic(topic)) for s in self.stores_of(topic)]

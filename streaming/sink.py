@@ -1,0 +1,224 @@
+"""The foreachBatch sink: partial aggregates from Spark merged into the partition databases.
+
+For each micro-batch of one topic: drop records the stores have applied already (offset below the
+partition's next offset), decode, compute every store's partials in Spark, bring them to the driver in
+one Arrow transfer, and merge each partition's share into its database in ONE WriteBatch together with
+its new next offset (invariant 1). Bad records are counted per store, logged with topic/partition/offset
+and sent to the dead-letter topic when one is configured (before the commit: at least once there).
+Records whose key the producers' partitioner would send to another partition are counted and warned
+about: routing could not find them (invariant 4).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pyarrow as pa
+from pyspark.sql import functions as F
+
+from stores import PartitionState, PartitionStores, PartitionTransaction, StoreKind
+from streaming.dead_letter import DeadLetterQueue
+from streaming.decode import decode, value_schema
+from streaming.definitions import App, StoreDefinition, Topic
+from streaming.partials import batch_rows, store_rows
+from streaming.partitioner import PARTITIONERS, serialize_key
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartitionBatch:
+    """What one batch brings to one partition, parsed from the partials table."""
+
+    first_offset: int = -1
+    last_offset: int = -1
+    partials: dict[str, list[tuple[Any, int | None, Any, int]]] = field(default_factory=lambda: defaultdict(list))
+    late: dict[str, int] = field(default_factory=dict)
+    stream_time: dict[str, int] = field(default_factory=dict)
+    bad: list[tuple[str | None, dict[str, Any]]] = field(default_factory=list)
+
+
+def _parse(table: pa.Table) -> dict[int, PartitionBatch]:
+    columns = [table.column(name).to_pylist() for name in table.schema.names]
+    batches: dict[int, PartitionBatch] = defaultdict(PartitionBatch)
+    for kind, store, partition, key, window_start, partial, records in zip(*columns, strict=True):
+        batch = batches[partition]
+        if kind == "p":
+            batch.partials[store].append((key, window_start, orjson.loads(partial)[0], records))
+        elif kind == "off":
+            batch.first_offset, batch.last_offset = window_start, records
+        elif kind == "late":
+            batch.late[store] = records
+        elif kind == "st":
+            batch.stream_time[store] = window_start
+        else:
+            batch.bad.append((store, orjson.loads(partial)))
+    return batches
+
+
+class StoreSink:
+    """foreachBatch target of one topic's streaming query on one node."""
+
+    def __init__(
+        self,
+        app: App,
+        topic: Topic,
+        partitions: Mapping[int, PartitionStores],
+        dead_letters: DeadLetterQueue | None = None,
+        on_commit: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.topic = topic
+        self.partitions = partitions
+        self.stores = app.stores_of(topic.name)
+        self.dead_letters = dead_letters
+        self.on_commit = on_commit
+        self._schema = None
+        self._partition_of: dict[Any, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        """Apply one micro-batch (Spark's foreachBatch calls this on the driver)."""
+        with self._lock:
+            table = self.partials(batch)
+            if table.num_rows:
+                self.apply(_parse(table))
+
+    def partials(self, batch: DataFrame) -> pa.Table:
+        """Return the batch's partial aggregates as one Arrow table (see streaming.partials)."""
+        if self._schema is None:
+            self._schema = value_schema(self.topic)  # type: ignore[assignment]
+        next_offsets = {p: s.db.next_offset() for p, s in self.partitions.items()}
+        fresh = (
+            batch.where(
+                F.col("offset")
+                >= F.create_map(*[F.lit(x) for kv in next_offsets.items() for x in kv])[F.col("partition")]
+            )
+            if next_offsets
+            else batch.limit(0)
+        )
+        decoded = decode(fresh, self.topic, self._schema).persist()
+        try:
+            good = decoded.where(F.col("_error").isNull())
+            frames = batch_rows(decoded)
+            for store in self.stores:
+                frames += store_rows(good, store, self._stream_times(store))
+            union = reduce(lambda a, b: a.unionByName(b), frames)
+            return union.toArrow()
+        finally:
+            decoded.unpersist()
+
+    def _stream_times(self, store: StoreDefinition) -> dict[int, int]:
+        if store.kind is not StoreKind.WINDOW:
+            return {}
+        times = {p: s.window(store.name).stream_time() for p, s in self.partitions.items()}
+        return {p: t for p, t in times.items() if t is not None}
+
+    def apply(self, batches: Mapping[int, PartitionBatch]) -> None:
+        """Merge each partition's share of a batch into its database, with its offsets, atomically."""
+        for partition, batch in sorted(batches.items()):
+            stores = self.partitions.get(partition)
+            if stores is None or batch.last_offset < 0:
+                log.warning("%s-%s: batch for a partition this node does not own", self.topic.name, partition)
+                continue
+            start = stores.db.next_offset()
+            if batch.first_offset > start:
+                log.info(
+                    "%s-%s: offsets %s..%s absent (compaction or control records)",
+                    self.topic.name,
+                    partition,
+                    start,
+                    batch.first_offset - 1,
+                )
+            tx = stores.db.begin(start, batch.last_offset + 1)
+            if tx is None:
+                continue
+            with tx:
+                self._merge(tx, stores, partition, batch)
+            if self.on_commit is not None:
+                self.on_commit(partition, batch.last_offset + 1)
+
+    def _merge(self, tx: PartitionTransaction, stores: PartitionStores, partition: int, batch: PartitionBatch) -> None:
+        self._record_bad(tx, partition, batch.bad)
+        for store in self.stores:
+            items = batch.partials.get(store.name, [])
+            keys = self._keys(store, items)
+            if store.co_partitioned:
+                self._check_partitions(tx, store, partition, keys, items)
+            if store.kind is StoreKind.KEY_VALUE:
+                stores.kv(store.name).merge(tx, [(k, it[2]) for k, it in zip(keys, items, strict=True)])
+            elif store.kind is StoreKind.WINDOW:
+                window_items = [(k, int(it[1] or 0), it[2]) for k, it in zip(keys, items, strict=True)]
+                stream_time = batch.stream_time.get(store.name)
+                stores.window(store.name).merge(tx, window_items, stream_time, batch.late.get(store.name, 0))
+            else:
+                stores.bloom(store.name).add(tx, keys)
+
+    def _keys(self, store: StoreDefinition, items: list[tuple[Any, int | None, Any, int]]) -> list[Any]:
+        if store.resolved_key_type(self.topic) == "int":
+            return [int(it[0]) for it in items]
+        return [it[0] for it in items]
+
+    def _check_partitions(
+        self, tx: PartitionTransaction, store: StoreDefinition, partition: int, keys: list[Any], items: list[Any]
+    ) -> None:
+        partitioner = PARTITIONERS[self.app.kafka.partitioner]
+        count = self.topic.partitions
+        misrouted = 0
+        for key, item in zip(keys, items, strict=True):
+            expected = self._partition_of.get(key)
+            if expected is None:
+                if len(self._partition_of) > 1_000_000:
+                    self._partition_of.clear()
+                expected = self._partition_of[key] = partitioner(serialize_key(key, self.topic.key_format), count)
+            if expected != partition:
+                misrouted += item[3]
+        if misrouted:
+            tx.increment(f"misrouted:{store.name}", misrouted)
+            log.warning(
+                "store %s: %d records on %s-%d have keys the %s partitioner puts elsewhere; queries cannot find them",
+                store.name,
+                misrouted,
+                self.topic.name,
+                partition,
+                self.app.kafka.partitioner,
+            )
+
+    def _record_bad(
+        self, tx: PartitionTransaction, partition: int, bad: list[tuple[str | None, dict[str, Any]]]
+    ) -> None:
+        for store_name, info in bad:
+            targets = [store_name] if store_name else [s.name for s in self.stores]
+            for name in targets:
+                tx.increment(f"bad:{name}", 1)
+            log.warning(
+                "bad record %s-%s@%s: %s (stores: %s)",
+                self.topic.name,
+                partition,
+                info["offset"],
+                info["error"],
+                ", ".join(targets),
+            )
+            if self.dead_letters is not None:
+                key = base64.b64decode(info["key"]) if info.get("key") else None
+                value = base64.b64decode(info["value"]) if info.get("value") else None
+                self.dead_letters.send(key, value, info["error"], (self.topic.name, partition, info["offset"]))
+        if bad and self.dead_letters is not None:
+            self.dead_letters.flush()
+
+
+def mark_running_when_caught_up(stores: PartitionStores, target: int) -> None:
+    """Move a restoring partition to RUNNING once it has applied everything up to target."""
+    if stores.db.state is PartitionState.RESTORING and stores.db.next_offset() >= target:
+        stores.db.set_state(PartitionState.RUNNING)
