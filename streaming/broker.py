@@ -101,9 +101,12 @@ class EmbeddedBroker:
         command = [str(self.binary or tansu_binary()), "broker", "--listener-url", url,
                    "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
         self._log = tempfile.TemporaryFile(prefix="tansu-")  # closed in stop()
-        self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)  # noqa: S603
         try:
+            self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)  # noqa: S603
             self._wait_ready(time.monotonic() + self.startup_timeout)
+        except OSError as exc:
+            self.stop()
+            raise BrokerError(f"could not run {command[0]}: {exc}; {_INSTALL_HINT}") from exc
         except BaseException:
             self.stop()
             raise

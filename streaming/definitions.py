@@ -19,9 +19,9 @@ transformed by a PySpark function DataFrame → DataFrame, and aggregated by a m
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from stores import BloomSpec, StoreKind, StoreSpec, WindowSpec, aggregation_named
 
@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 Transform = Callable[["DataFrame"], "DataFrame"]
+#: An event for a topic: (topic, key, JSON-able value).
+Event = tuple[str, "str | int | None", Any]
+#: A generator of realistic events for an app: (seed, start time in epoch ms) -> endless events.
+EventGenerator = Callable[[int, int], Iterator[Event]]
 ValueFormat = Literal["json", "string", "bytes"]
 KeyFormat = Literal["string", "long"]
 Partitioner = Literal["murmur2", "consistent_random"]
@@ -232,6 +236,7 @@ class App:
     stores: Sequence[StoreDefinition]
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     description: str | None = None
+    generator: EventGenerator | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):

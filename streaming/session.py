@@ -65,6 +65,7 @@ def _base_conf(master: str, shuffle_partitions: int, driver_memory: str) -> dict
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.streaming.minBatchesToRetain": "10",
         "spark.python.worker.reuse": "true",
+        "spark.sql.adaptive.enabled": "false",  # streaming disables it anyway, with a warning per query
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_file()}",
     }
     if master.startswith("local"):

@@ -1,0 +1,82 @@
+"""The shop example: orders keyed by customer.
+
+Stores: order count, total / average / largest / smallest spend and the latest order per customer,
+orders per customer per minute, and a bloom filter of the items sold.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Iterator
+
+from streaming.definitions import (
+    App,
+    Event,
+    Topic,
+    avg,
+    bloom_store,
+    count,
+    key_value_store,
+    latest,
+    max_,
+    min_,
+    sum_,
+    tumbling,
+    window_store,
+)
+
+ORDER_SCHEMA = "order_id STRING, customer STRING, item STRING, quantity INT, amount DOUBLE, ts TIMESTAMP"
+ITEMS = ["widget", "gadget", "gizmo", "doohickey", "sprocket", "flange", "grommet", "bracket", "lever", "spring"]
+CUSTOMERS = 500
+LATE_EVERY = 200  # one order in LATE_EVERY arrives two minutes late
+
+
+def _iso(ms: int) -> str:
+    seconds, millis = divmod(ms, 1000)
+    stamp = dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{stamp}.{millis:03d}Z"
+
+
+def generate_orders(seed: int, start_ms: int) -> Iterator[Event]:
+    """Yield orders forever: skewed customers, ~20 ms apart, a few of them late."""
+    rng = random.Random(seed)
+    now = start_ms
+    for n in range(1 << 62):
+        now += rng.randint(5, 35)
+        customer = f"customer-{int(rng.paretovariate(1.2)) % CUSTOMERS:04d}"
+        quantity = rng.randint(1, 5)
+        ts = now - 120_000 if n % LATE_EVERY == LATE_EVERY - 1 else now
+        order = {
+            "order_id": f"o-{seed}-{n}",
+            "customer": customer,
+            "item": rng.choice(ITEMS),
+            "quantity": quantity,
+            "amount": round(quantity * rng.uniform(2.0, 80.0), 2),
+            "ts": _iso(ts),
+        }
+        yield "orders", customer, order
+
+
+app = App(
+    name="shop",
+    description="A shop: orders keyed by customer",
+    topics=[Topic("orders", schema=ORDER_SCHEMA, event_time="ts", partitions=6)],
+    stores=[
+        key_value_store("order_count", "orders", count(), description="Number of orders per customer"),
+        key_value_store("total_spend", "orders", sum_("amount"), description="Total spend per customer"),
+        key_value_store("average_order", "orders", avg("amount"), description="Average order value per customer"),
+        key_value_store("largest_order", "orders", max_("amount"), description="Largest order value per customer"),
+        key_value_store("smallest_order", "orders", min_("amount"), description="Smallest order value per customer"),
+        key_value_store("latest_order", "orders", latest(), description="The latest order of each customer"),
+        window_store(
+            "orders_per_minute",
+            "orders",
+            count(),
+            tumbling(minutes=1, grace_seconds=30),
+            description="Orders per customer per minute (late after 30 s of grace)",
+        ),
+        bloom_store("items_sold", "orders", key="item", description="Has this item ever been sold?"),
+    ],
+    generator=generate_orders,
+)

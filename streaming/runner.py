@@ -1,0 +1,206 @@
+"""The query runner: one streaming query per input topic over the partitions this node owns.
+
+Start offsets come from the stores (each partition database's next offset), not from a Spark
+checkpoint: every start uses a fresh checkpoint, so a partition newly owned by this node starts where
+its store ends (0 if it never had it). A partition is RESTORING until it has applied everything that
+was in the topic when it was opened, then RUNNING (queryable).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from stores import PartitionState, PartitionStores, StateDirectory
+from streaming.dead_letter import DeadLetterQueue
+from streaming.definitions import App
+from streaming.kafka_offsets import KafkaOffsets
+from streaming.kafka_source import KafkaDataSource
+from streaming.sink import StoreSink, mark_running_when_caught_up
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+Assignment = Mapping[str, Iterable[int]]
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """How the streaming queries run."""
+
+    bootstrap_servers: str
+    kafka_config: Mapping[str, str] | None = None
+    max_records_per_batch: int = 200_000
+    trigger_interval: str = "0 seconds"
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """One owned partition: its state, the offset applied up to, the topic's end, and the lag."""
+
+    topic: str
+    partition: int
+    state: str
+    applied_offset: int
+    end_offset: int
+
+    @property
+    def lag(self) -> int:
+        """Return how many records the store is behind the topic."""
+        return max(self.end_offset - self.applied_offset, 0)
+
+
+class StreamRunner:
+    """Run, restart and report the streaming queries that keep one node's stores."""
+
+    def __init__(self, app: App, spark: SparkSession, state_dir: StateDirectory, settings: RunnerSettings) -> None:
+        self.app = app
+        self.spark = spark
+        self.state_dir = state_dir
+        self.settings = settings
+        self.partitions: dict[str, dict[int, PartitionStores]] = {}
+        self._targets: dict[tuple[str, int], int] = {}
+        self._queries: list[StreamingQuery] = []
+        self._checkpoints: list[Path] = []
+        self._offsets: dict[str, KafkaOffsets] = {}
+        self._lock = threading.RLock()
+        spark.dataSource.register(KafkaDataSource)
+
+    def _client_config(self) -> dict[str, str]:
+        return {**(self.settings.kafka_config or {}), "bootstrap.servers": self.settings.bootstrap_servers}
+
+    def offsets(self, topic: str) -> KafkaOffsets:
+        """Return the long-lived offsets client of topic."""
+        if topic not in self._offsets:
+            self._offsets[topic] = KafkaOffsets(self._client_config(), topic)
+        return self._offsets[topic]
+
+    def start(self, assignment: Assignment) -> None:
+        """Open the assigned partitions' databases and start one query per topic over them."""
+        with self._lock:
+            for topic in self.app.topics:
+                owned = sorted(set(assignment.get(topic.name, ())))
+                if owned:
+                    self._open(topic.name, owned)
+                    self._queries.append(self._start_query(topic.name, owned))
+
+    def _open(self, topic: str, owned: list[int]) -> None:
+        open_now = self.partitions.setdefault(topic, {})
+        ends = self.offsets(topic).latest(owned)
+        for partition in owned:
+            stores = open_now.get(partition) or self.state_dir.open(topic, partition, self.app.specs(topic))
+            open_now[partition] = stores
+            self._targets[(topic, partition)] = ends[partition]
+            stores.db.set_state(PartitionState.RESTORING)
+            mark_running_when_caught_up(stores, ends[partition])
+
+    def _start_query(self, topic: str, owned: list[int]) -> StreamingQuery:
+        stores = self.partitions[topic]
+        starting = {str(p): stores[p].db.next_offset() for p in owned}
+        sink = StoreSink(self.app, self.app.topic(topic), dict(stores), self._dead_letters(), self._committed(topic))
+        checkpoint = Path(tempfile.mkdtemp(prefix=f"iqgraph-{self.app.name}-{topic}-"))
+        self._checkpoints.append(checkpoint)
+        options = {f"kafka.{k}": v for k, v in self._client_config().items()}
+        reader = (
+            self.spark.readStream.format("iqkafka")
+            .options(**options)
+            .option("topic", topic)
+            .option("partitions", ",".join(map(str, owned)))
+            .option("startingOffsets", json.dumps(starting))
+            .option("maxRecordsPerBatch", str(self.settings.max_records_per_batch))
+        )
+        log.info("starting query on %s partitions %s from offsets %s", topic, owned, starting)
+        return (
+            reader.load()
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime=self.settings.trigger_interval)
+            .queryName(f"iqgraph-{self.app.name}-{topic}")
+            .start()
+        )
+
+    def _dead_letters(self) -> DeadLetterQueue | None:
+        topic = self.app.kafka.dead_letter_topic
+        if topic is None:
+            return None
+        return DeadLetterQueue(self.settings.bootstrap_servers, topic, self.settings.kafka_config)
+
+    def _committed(self, topic: str) -> Callable[[int, int], None]:
+        def on_commit(partition: int, next_offset: int) -> None:
+            stores = self.partitions.get(topic, {}).get(partition)
+            if stores is not None:
+                mark_running_when_caught_up(stores, self._targets.get((topic, partition), 0))
+
+        return on_commit
+
+    def stop_queries(self) -> None:
+        """Stop every streaming query (stores stay open)."""
+        with self._lock:
+            for query in self._queries:
+                query.stop()
+            self._queries.clear()
+            for checkpoint in self._checkpoints:
+                shutil.rmtree(checkpoint, ignore_errors=True)
+            self._checkpoints.clear()
+
+    def reassign(self, assignment: Assignment) -> None:
+        """Restart for a new assignment: close partitions no longer owned (their data stays on disk)."""
+        with self._lock:
+            self.stop_queries()
+            for topic, open_now in self.partitions.items():
+                keep = set(assignment.get(topic, ()))
+                for partition in [p for p in open_now if p not in keep]:
+                    open_now.pop(partition).close()
+            self.start(assignment)
+
+    def stop(self) -> None:
+        """Stop the queries and close every partition database."""
+        with self._lock:
+            self.stop_queries()
+            for open_now in self.partitions.values():
+                for stores in open_now.values():
+                    stores.close()
+            self.partitions.clear()
+            self._offsets.clear()
+
+    def raise_if_failed(self) -> None:
+        """Raise the exception of a query that died."""
+        for query in self._queries:
+            error = query.exception()
+            if error is not None:
+                raise error
+
+    def status(self) -> list[PartitionStatus]:
+        """Return the state and lag of every owned partition."""
+        result = []
+        for topic, open_now in sorted(self.partitions.items()):
+            ends = self.offsets(topic).latest(open_now)
+            for partition, stores in sorted(open_now.items()):
+                db = stores.db
+                result.append(
+                    PartitionStatus(topic, partition, db.state.value, db.next_offset(), ends.get(partition, 0))
+                )
+        return result
+
+    def wait_until_caught_up(self, timeout: float = 120.0, poll: float = 0.2) -> list[PartitionStatus]:
+        """Block until every owned partition is RUNNING with no lag; raise TimeoutError past timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.raise_if_failed()
+            status = self.status()
+            if all(s.state == PartitionState.RUNNING.value and s.lag == 0 for s in status):
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stores not caught up after {timeout:.0f} s: {status}")
+            time.sleep(poll)

@@ -1,0 +1,48 @@
+"""Session-wide fixtures: one embedded broker, one SparkSession, uniquely named topics."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from streaming.broker import EmbeddedBroker
+
+#: make_topic(partitions=1, config=None, prefix="t") -> the name of a new topic on the session's broker.
+MakeTopic = Callable[..., str]
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    """Run one Tansu broker for the whole test session."""
+    from streaming.broker import EmbeddedBroker
+
+    with EmbeddedBroker() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """Start one local[2] SparkSession for the whole test session (a JVM costs ~1 GB and ~8 s)."""
+    from streaming.session import build_spark_session
+
+    session = build_spark_session("local[2]", shuffle_partitions=2)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def make_topic(broker: EmbeddedBroker) -> MakeTopic:
+    """Return a factory that creates a uniquely named topic on the session's broker."""
+
+    def make(partitions: int = 1, config: Mapping[str, str] | None = None, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        broker.create_topics({name: partitions}, config)
+        return name
+
+    return make
