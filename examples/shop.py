@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from streaming.definitions import (
     App,
     Event,
+    KafkaSettings,
     Topic,
     avg,
     bloom_store,
     count,
+    hopping,
     key_value_store,
     latest,
     max_,
@@ -55,28 +57,42 @@ def generate_orders(seed: int, start_ms: int) -> Iterator[Event]:
             "amount": round(quantity * rng.uniform(2.0, 80.0), 2),
             "ts": _iso(ts),
         }
-        yield "orders", customer, order
+        yield customer, order
 
 
-app = App(
-    name="shop",
-    description="A shop: orders keyed by customer",
-    topics=[Topic("orders", schema=ORDER_SCHEMA, event_time="ts", partitions=6)],
-    stores=[
-        key_value_store("order_count", "orders", count(), description="Number of orders per customer"),
-        key_value_store("total_spend", "orders", sum_("amount"), description="Total spend per customer"),
-        key_value_store("average_order", "orders", avg("amount"), description="Average order value per customer"),
-        key_value_store("largest_order", "orders", max_("amount"), description="Largest order value per customer"),
-        key_value_store("smallest_order", "orders", min_("amount"), description="Smallest order value per customer"),
-        key_value_store("latest_order", "orders", latest(), description="The latest order of each customer"),
-        window_store(
-            "orders_per_minute",
-            "orders",
-            count(),
-            tumbling(minutes=1, grace_seconds=30),
-            description="Orders per customer per minute (late after 30 s of grace)",
-        ),
-        bloom_store("items_sold", "orders", key="item", description="Has this item ever been sold?"),
-    ],
-    generator=generate_orders,
-)
+def build_app(topic: str = "orders", partitions: int = 6, kafka: KafkaSettings | None = None) -> App:
+    """Return the shop app reading orders from topic (tests give each run a topic of its own)."""
+    return App(
+        name="shop",
+        description="A shop: orders keyed by customer",
+        topics=[Topic(topic, schema=ORDER_SCHEMA, event_time="ts", partitions=partitions)],
+        stores=[
+            key_value_store("order_count", topic, count(), description="Number of orders per customer"),
+            key_value_store("total_spend", topic, sum_("amount"), description="Total spend per customer"),
+            key_value_store("total_quantity", topic, sum_("quantity"), description="Items bought per customer"),
+            key_value_store("average_order", topic, avg("amount"), description="Average order value per customer"),
+            key_value_store("largest_order", topic, max_("amount"), description="Largest order value per customer"),
+            key_value_store("smallest_order", topic, min_("amount"), description="Smallest order per customer"),
+            key_value_store("latest_order", topic, latest(), description="The latest order of each customer"),
+            window_store(
+                "orders_per_minute",
+                topic,
+                count(),
+                tumbling(minutes=1, grace_seconds=30),
+                description="Orders per customer per minute (late after 30 s of grace)",
+            ),
+            window_store(
+                "spend_per_minute",
+                topic,
+                sum_("amount"),
+                hopping(size_seconds=120, advance_seconds=60),
+                description="Spend per customer over two minutes, every minute",
+            ),
+            bloom_store("items_sold", topic, key="item", description="Has this item ever been sold?"),
+        ],
+        kafka=kafka or KafkaSettings(),
+        generator=generate_orders,
+    )
+
+
+app = build_app()

@@ -31,7 +31,7 @@ def generate_accesses(seed: int, start_ms: int) -> Iterator[Event]:
             "bytes": rng.randint(200, 90_000),
             "ts": _iso(now),
         }
-        yield "access_log", host, line
+        yield host, line
 
 
 app = App(

@@ -73,13 +73,16 @@ class KeyValueStore:
     ) -> None:
         """Fold each (key, partial state) into the stored state with the store's aggregation."""
         agg = aggregation or self.spec.aggregation
-        pairs = [(self.codec.encode(k), partial) for k, partial in items]
-        if not pairs:
+        partials: dict[bytes, Any] = {}
+        for key, partial in items:
+            encoded = self.codec.encode(key)
+            partials[encoded] = merge_state(agg, partials.get(encoded), partial)
+        if not partials:
             return
-        stored = tx.multi_get(self.name, [k for k, _ in pairs])
-        for (key, partial), raw in zip(pairs, stored, strict=True):
+        stored = tx.multi_get(self.name, list(partials))
+        for (encoded_key, partial), raw in zip(partials.items(), stored, strict=True):
             old = None if raw is None else decode_value(raw)
-            tx.put(self.name, key, encode_value(merge_state(agg, old, partial)))
+            tx.put(self.name, encoded_key, encode_value(merge_state(agg, old, partial)))
 
     def put(self, tx: PartitionTransaction, key: Key, value: Any) -> None:
         """Store value under key, replacing any state."""

@@ -145,15 +145,17 @@ class WindowStore:
         before = self.stream_time()
         after = before if stream_time is None else stream_time if before is None else max(before, stream_time)
         retained_from = self._expired_before(after)
-        pairs: list[tuple[bytes, int, Any]] = []
+        partials: dict[bytes, tuple[int, Any]] = {}
         for key, start, partial in items:
             if self._closed(start, before):
                 late += 1
                 continue
             if start < retained_from:  # already past retention: it would be dropped at once
                 continue
-            pairs.append((self.codec.encode_window_key(key, start), start, partial))
-        self._apply(tx, pairs, agg)
+            window_key = self.codec.encode_window_key(key, start)
+            previous = partials.get(window_key)
+            partials[window_key] = (start, merge_state(agg, previous and previous[1], partial))
+        self._apply(tx, [(k, start, p) for k, (start, p) in partials.items()], agg)
         if after is not None and after != before:
             tx.put(META_CF, self._stream_time_key, encode_int64(after))
             self._drop_expired(tx, retained_from)

@@ -98,8 +98,16 @@ class EmbeddedBroker:
         if self._process is not None:
             raise BrokerError("broker already started")
         url = f"tcp://{self.bootstrap_servers}"
-        command = [str(self.binary or tansu_binary()), "broker", "--listener-url", url,
-                   "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
+        command = [
+            str(self.binary or tansu_binary()),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
         self._log = tempfile.TemporaryFile(prefix="tansu-")  # closed in stop()
         try:
             self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)  # noqa: S603
@@ -153,8 +161,10 @@ class EmbeddedBroker:
         self, topics: Mapping[str, int], config: Mapping[str, str] | None = None, timeout: float = 10.0
     ) -> None:
         """Create topics named by topics with the given partition counts and topic config."""
-        new = [NewTopic(name, num_partitions=n, replication_factor=1, config=dict(config or {}))
-               for name, n in topics.items()]
+        new = [
+            NewTopic(name, num_partitions=n, replication_factor=1, config=dict(config or {}))
+            for name, n in topics.items()
+        ]
         futures = self.admin().create_topics(new, operation_timeout=timeout, request_timeout=timeout)
         for name, future in futures.items():
             try:
@@ -186,12 +196,11 @@ class EmbeddedBroker:
         self.stop()
 
 
-def produce(
-    bootstrap: str, topic: str, records: Iterable[Record], config: Mapping[str, Any] | None = None
-) -> int:
+def produce(bootstrap: str, topic: str, records: Iterable[Record], config: Mapping[str, Any] | None = None) -> int:
     """Produce records one per request, wait until all are delivered and return how many were sent."""
-    producer = Producer({**JAVA_PARTITIONER, **ONE_RECORD_PER_REQUEST, **(config or {}),
-                         "bootstrap.servers": bootstrap})
+    producer = Producer(
+        {**JAVA_PARTITIONER, **ONE_RECORD_PER_REQUEST, **(config or {}), "bootstrap.servers": bootstrap}
+    )
     errors: list[KafkaError] = []
 
     def on_delivery(error: KafkaError | None, _message: Message) -> None:
@@ -209,7 +218,11 @@ def produce(
 
 
 def _produce_one(
-    producer: Producer, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
+    producer: Producer,
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    partition: int | None,
     on_delivery: Callable[[KafkaError | None, Message], None],
 ) -> None:
     """Enqueue one record, serving delivery reports while the local queue is full."""

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 Transform = Callable[["DataFrame"], "DataFrame"]
-#: An event for a topic: (topic, key, JSON-able value).
-Event = tuple[str, "str | int | None", Any]
+#: An event for the app's first topic: (key, JSON-able value).
+Event = tuple["str | int | None", Any]
 #: A generator of realistic events for an app: (seed, start time in epoch ms) -> endless events.
 EventGenerator = Callable[[int, int], Iterator[Event]]
 ValueFormat = Literal["json", "string", "bytes"]

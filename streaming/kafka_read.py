@@ -24,10 +24,16 @@ __all__ = ["ARROW_SCHEMA", "KafkaInputPartition", "read_partition"]
 log = logging.getLogger(__name__)
 
 #: The Arrow form of the source's Spark schema, as Spark checks it: nullable fields, microseconds, UTC.
-ARROW_SCHEMA = pa.schema([
-    ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
-    ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")),
-])
+ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+)
 ROWS_PER_CONSUME = 10_000
 DEFAULT_GROUP_ID = "iqgraph-iqkafka"  # librdkafka wants one; the consumer never joins the group
 
@@ -57,8 +63,10 @@ def read_partition(
 def consumer_config(client_config: Mapping[str, str]) -> dict[str, Any]:
     """Return the librdkafka config of a read task's consumer: assigned, never committing."""
     return {
-        "group.id": DEFAULT_GROUP_ID, **client_config,
-        "enable.auto.commit": False, "enable.auto.offset.store": False,
+        "group.id": DEFAULT_GROUP_ID,
+        **client_config,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
         "auto.offset.reset": "error",  # a start offset Kafka no longer holds must fail, not skip
         "enable.partition.eof": False,
     }
@@ -78,8 +86,10 @@ def _consume_range(consumer: Consumer, part: KafkaInputPartition, timeout: float
         fetched = consumer.position([TopicPartition(part.topic, part.partition)])[0].offset
         position = max(position, fetched or 0)
         if time.monotonic() > deadline and position < part.end:
-            raise KafkaSourceError(f"{part.topic}[{part.partition}]: no records at {position} "
-                                   f"for {timeout:.0f} s, expected up to {part.end}")
+            raise KafkaSourceError(
+                f"{part.topic}[{part.partition}]: no records at {position} "
+                f"for {timeout:.0f} s, expected up to {part.end}"
+            )
 
 
 def _in_range(messages: list[Message], part: KafkaInputPartition) -> list[Message]:
@@ -93,8 +103,9 @@ def _in_range(messages: list[Message], part: KafkaInputPartition) -> list[Messag
 def _to_arrow(part: KafkaInputPartition, messages: list[Message]) -> pa.RecordBatch:
     """Return messages as one record batch of ARROW_SCHEMA."""
     n = len(messages)
-    timestamps = [(ts * 1000 if kind != TIMESTAMP_NOT_AVAILABLE else None)
-                  for kind, ts in (m.timestamp() for m in messages)]
+    timestamps = [
+        (ts * 1000 if kind != TIMESTAMP_NOT_AVAILABLE else None) for kind, ts in (m.timestamp() for m in messages)
+    ]
     columns = [
         pa.array([m.key() for m in messages], pa.binary()),
         pa.array([m.value() for m in messages], pa.binary()),

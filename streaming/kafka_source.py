@@ -91,12 +91,14 @@ class KafkaSourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
         """Return the options of a DataSource's option map; raise KafkaSourceError if invalid."""
-        client = {k[len("kafka."):]: str(v) for k, v in options.items() if k.lower().startswith("kafka.")}
+        client = {k[len("kafka.") :]: str(v) for k, v in options.items() if k.lower().startswith("kafka.")}
         if not client.get("bootstrap.servers") or not options.get("topic"):
             raise KafkaSourceError("iqkafka needs the options kafka.bootstrap.servers and topic")
         try:
             return cls(
-                topic=options["topic"], client_config=client, partitions=_parse_partitions(options),
+                topic=options["topic"],
+                client_config=client,
+                partitions=_parse_partitions(options),
                 starting_offsets=decode_offsets(json.loads(options.get("startingOffsets") or "{}")),
                 max_records_per_batch=_positive(options.get("maxRecordsPerBatch")),
                 poll_timeout=int(options.get("pollTimeoutMs") or 60_000) / 1000,
@@ -153,7 +155,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark pickles the reader into its read tasks; a Kafka client cannot travel.
         return {**self.__dict__, "_offsets": None}
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, int]:
         """Return the starting offsets of a query without a checkpoint."""
         return encode_offsets(self._initial_offsets())
 
@@ -162,7 +164,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limit = self.options.max_records_per_batch
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         """Return the end offsets of the next micro-batch from start, within limit."""
         begin = self._resolve(decode_offsets(start))
         latest = self._latest = self._client().latest(begin)
@@ -172,7 +174,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = cap_offsets(begin, end, limit.max_rows)
         return encode_offsets(end)
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, int] | None:
         """Return the latest offsets seen by the last latestOffset call, for progress reports."""
         return None if self._latest is None else encode_offsets(self._latest)
 
@@ -180,7 +182,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Fix the end offsets of an availableNow run at what the topic holds now."""
         self._target = self._client().latest(self._owned_partitions())
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         """Return one read task per partition with records in [start, end)."""
         begin, stop = decode_offsets(start), decode_offsets(end)
         begin = self._resolve(begin, stop)
@@ -193,7 +195,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise KafkaSourceError(f"not an iqkafka partition: {partition!r}")
         return read_partition(self.options.client_config, partition, self.options.poll_timeout)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, int]) -> None:
         """Accept Spark's commit; the stores, not Kafka, record what has been applied."""
         log.debug("spark committed %s up to %s", self.options.topic, end)
 
@@ -214,18 +216,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._owned
 
     def _initial_offsets(self) -> OffsetMap:
-        """Return startingOffsets for the owned partitions, the earliest offset where missing."""
+        """Return the starting offsets of the owned partitions."""
         if self._initial is None:
-            owned = self._owned_partitions()
-            given = self.options.starting_offsets
-            missing = [p for p in owned if p not in given]
-            self._initial = {**{p: given[p] for p in owned if p in given}, **self._client().earliest(missing)}
+            self._initial = self._starting(self._owned_partitions())
         return self._initial
 
+    def _starting(self, partitions: Sequence[int]) -> OffsetMap:
+        """Return startingOffsets for partitions, the earliest offset Kafka holds where not given."""
+        given = self.options.starting_offsets
+        earliest = self._client().earliest([p for p in partitions if p not in given])
+        return {p: given[p] if p in given else earliest[p] for p in partitions}
+
     def _resolve(self, offsets: OffsetMap, keys: Mapping[int, int] | None = None) -> OffsetMap:
-        """Return offsets for the owned partitions (or keys), the initial offset where missing."""
+        """Return offsets for the owned partitions (or keys), the starting offset where missing."""
         wanted = self._owned_partitions() if keys is None else tuple(keys)
-        if all(p in offsets for p in wanted):
+        missing = [p for p in wanted if p not in offsets]
+        if not missing:
             return {p: offsets[p] for p in wanted}
         initial = self._initial_offsets()
+        if unknown := [p for p in missing if p not in initial]:  # a batch planned under other ownership
+            initial = {**initial, **self._starting(unknown)}
         return {p: offsets[p] if p in offsets else initial[p] for p in wanted}

@@ -1,94 +1,58 @@
-"""Per-batch partial aggregates, computed in Spark: one row per (store, partition, key[, window]).
+"""The Spark side of a batch's partial aggregates: narrow per-store rows, then pyarrow in each task.
 
-Every store's partials, the late-record counts, stream times, offset ranges and bad records of a batch
-are unioned into one DataFrame of ``PARTIALS_SCHEMA`` so that the driver gets them in a single Arrow
-transfer. ``kind`` tells the rows apart:
-
-- ``p``: a partial aggregate (``partial`` is a JSON array of one element; ``records`` it covers);
-- ``late``: records that arrived after their window closed (``records``);
-- ``st``: the largest event time of the batch in a partition (``window_start``);
-- ``off``: the offsets seen in a partition (``window_start`` = first, ``records`` = last);
-- ``bad``: one bad record (``partial`` is a JSON object with offset, error, base64 key and value).
+For each store, its records (after its transformation) are projected to ``NARROW_SCHEMA``; all stores'
+projections and one row per record for offsets and bad records are unioned, coalesced into a few tasks
+(no shuffle: each Kafka partition's records of a store stay whole and in order) and aggregated by
+``streaming.arrow_partials.partials_of`` through mapInArrow. The driver gets one small Arrow table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from functools import partial, reduce
 from typing import TYPE_CHECKING
 
-from pyspark.sql import Column, Window
+from pyspark.sql import Column
 from pyspark.sql import functions as F
+from pyspark.sql.types import IntegralType, NumericType
 
 from stores import StoreKind
+from streaming.arrow_partials import PARTIALS_SCHEMA, StorePlan, partials_of
 from streaming.decode import META_COLUMNS
 from streaming.definitions import DefinitionError, StoreDefinition
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-PARTIALS_SCHEMA = (
-    "kind string, store string, partition int, key string, window_start long, partial string, records long"
-)
-_LONG_MIN = -(1 << 63)
 
-
-def _row(
-    kind: str,
+def _narrow(
+    frame: DataFrame,
     store: str | None,
-    key: Column | None = None,
-    window_start: Column | None = None,
-    partial: Column | None = None,
-    records: Column | None = None,
-) -> list[Column]:
-    return [
-        F.lit(kind).alias("kind"),
+    key: Column,
+    error: Column,
+    inum: Column | None = None,
+    fnum: Column | None = None,
+    payload: Column | None = None,
+) -> DataFrame:
+    inum, fnum, payload = (F.lit(None) if c is None else c for c in (inum, fnum, payload))
+    failed = error.isNotNull()
+    return frame.select(
         F.lit(store).cast("string").alias("store"),
         F.col("_partition").cast("int").alias("partition"),
-        (key if key is not None else F.lit(None)).cast("string").alias("key"),
-        (window_start if window_start is not None else F.lit(None)).cast("long").alias("window_start"),
-        (partial if partial is not None else F.lit(None)).cast("string").alias("partial"),
-        (records if records is not None else F.lit(None)).cast("long").alias("records"),
-    ]
-
-
-def _bad_info(error: Column) -> Column:
-    return F.to_json(
-        F.struct(
-            F.col("_offset").alias("offset"),
-            error.alias("error"),
-            F.base64("_raw_key").alias("key"),
-            F.base64("_raw_value").alias("value"),
-        )
+        F.col("_offset").cast("long").alias("offset"),
+        F.col("_event_ms").cast("long").alias("event_ms"),
+        key.cast("string").alias("key"),
+        inum.cast("long").alias("inum"),
+        fnum.cast("double").alias("fnum"),
+        payload.cast("string").alias("payload"),
+        error.cast("string").alias("error"),
+        F.when(failed, F.col("_raw_key")).alias("raw_key"),
+        F.when(failed, F.col("_raw_value")).alias("raw_value"),
     )
 
 
-def batch_rows(decoded: DataFrame) -> list[DataFrame]:
-    """Return the offset-range and bad-record rows of a decoded batch."""
-    offsets = decoded.groupBy("_partition").agg(F.min("_offset").alias("lo"), F.max("_offset").alias("hi"))
-    bad = decoded.where(F.col("_error").isNotNull())
-    return [
-        offsets.select(*_row("off", None, window_start=F.col("lo"), records=F.col("hi"))),
-        bad.select(*_row("bad", None, partial=_bad_info(F.col("_error")))),
-    ]
-
-
-def _aggregate_expr(store: StoreDefinition, frame: DataFrame) -> Column:
-    agg = store.aggregate
-    if store.kind is StoreKind.BLOOM:
-        return F.lit(None)
-    if agg.kind == "count":
-        return F.count(F.lit(1))
-    if agg.kind == "latest":
-        columns = agg.columns or tuple(c for c in frame.columns if not c.startswith("_"))
-        return F.max_by(F.struct(*columns), F.col("_offset"))
-    column = F.col(str(agg.column))
-    if agg.kind == "avg":
-        return F.array(F.sum(column).cast("double"), F.count(column).cast("double"))
-    return {"sum": F.sum, "min": F.min, "max": F.max}[agg.kind](column)
-
-
 def store_frame(good: DataFrame, store: StoreDefinition) -> DataFrame:
-    """Return the good records of a batch after the store's transformation, with its key as ``_skey``."""
+    """Return the good records of a batch after the store's transformation, its key as ``_skey``."""
     frame = store.transform(good) if store.transform is not None else good
     missing = [c for c in ("_partition", "_offset", "_event_ms", "_raw_key", "_raw_value") if c not in frame.columns]
     if missing:
@@ -100,46 +64,47 @@ def store_frame(good: DataFrame, store: StoreDefinition) -> DataFrame:
     return frame.withColumn("_skey", F.col(store.key or "_key"))
 
 
-def store_rows(good: DataFrame, store: StoreDefinition, stream_times: Mapping[int, int]) -> list[DataFrame]:
-    """Return the partial-aggregate rows (and late, stream-time and bad rows) of one store."""
+def _store_narrow(good: DataFrame, store: StoreDefinition) -> tuple[DataFrame, str | None]:
     frame = store_frame(good, store)
-    bad = frame.where(F.col("_skey").isNull()).select(*_row("bad", store.name, partial=_bad_info(F.lit("null key"))))
-    keyed = frame.where(F.col("_skey").isNotNull())
-    value = F.to_json(F.array(_aggregate_expr(store, keyed))).alias("_p")
-    if store.kind is not StoreKind.WINDOW:
-        grouped = keyed.groupBy("_partition", "_skey").agg(value, F.count(F.lit(1)).alias("_n"))
-        return [bad, grouped.select(*_row("p", store.name, F.col("_skey"), None, F.col("_p"), F.col("_n")))]
-    return [bad, *_window_rows(keyed, store, stream_times, value)]
+    key, agg = F.col("_skey"), store.aggregate
+    error = F.when(key.isNull(), F.lit("null key"))
+    if store.kind is StoreKind.BLOOM or agg.kind == "count":
+        return _narrow(frame, store.name, key, error), None
+    if agg.kind == "latest":
+        columns = agg.columns or tuple(c for c in frame.columns if not c.startswith("_"))
+        return _narrow(frame, store.name, key, error, payload=F.to_json(F.struct(*columns))), None
+    column = str(agg.column)
+    if column not in frame.columns:
+        raise DefinitionError(f"store {store.name!r} aggregates column {column!r}, which its records lack")
+    data_type = frame.schema[column].dataType
+    if not isinstance(data_type, NumericType):
+        raise DefinitionError(f"store {store.name!r}: {agg.kind} needs a numeric column; {column!r} is {data_type}")
+    if isinstance(data_type, IntegralType):
+        return _narrow(frame, store.name, key, error, inum=F.col(column)), "inum"
+    return _narrow(frame, store.name, key, error, fnum=F.col(column)), "fnum"
 
 
-def _stored_time(stream_times: Mapping[int, int]) -> Column:
-    if not stream_times:
-        return F.lit(_LONG_MIN).cast("long")
-    pairs = [F.lit(x) for item in stream_times.items() for x in item]
-    return F.coalesce(F.create_map(*pairs)[F.col("_partition")], F.lit(_LONG_MIN)).cast("long")
+def _plan(store: StoreDefinition, number: str | None, stream_times: Mapping[int, int]) -> StorePlan:
+    window = None
+    if store.window is not None:
+        window = (store.window.size_ms, store.window.advance, store.window.grace_ms)
+    aggregation = "latest" if store.kind is StoreKind.BLOOM else store.aggregate.kind
+    return StorePlan(store.name, store.kind.value, aggregation, number, window, dict(stream_times))
 
 
-def _window_rows(
-    keyed: DataFrame, store: StoreDefinition, stream_times: Mapping[int, int], value: Column
-) -> list[DataFrame]:
-    assert store.window is not None  # noqa: S101 - a window store always has a window spec
-    size, advance, grace = store.window.size_ms, store.window.advance, store.window.grace_ms
-    so_far = Window.partitionBy("_partition").orderBy("_offset").rowsBetween(Window.unboundedPreceding, 0)
-    ts = F.col("_event_ms")
-    last = ts - F.pmod(ts, F.lit(advance))
-    first = F.ceil((ts - F.lit(size - 1)) / F.lit(advance)).cast("long") * F.lit(advance)
-    windows = (
-        keyed.withColumn("_st", F.greatest(_stored_time(stream_times), F.max(ts).over(so_far)))
-        .withColumn("_wstart", F.explode(F.sequence(first, last, F.lit(advance).cast("long"))))
-        .withColumn("_late", F.col("_wstart") + F.lit(size + grace) <= F.col("_st"))
-    )
-    on_time = windows.where(~F.col("_late")).groupBy("_partition", "_skey", "_wstart")
-    late = windows.where(F.col("_late")).groupBy("_partition").agg(F.count(F.lit(1)).alias("_n"))
-    times = keyed.groupBy("_partition").agg(F.max(ts).alias("_max"))
-    return [
-        on_time.agg(value, F.count(F.lit(1)).alias("_n")).select(
-            *_row("p", store.name, F.col("_skey"), F.col("_wstart"), F.col("_p"), F.col("_n"))
-        ),
-        late.select(*_row("late", store.name, records=F.col("_n"))),
-        times.select(*_row("st", store.name, window_start=F.col("_max"))),
-    ]
+def partials_frame(
+    decoded: DataFrame,
+    stores: Sequence[StoreDefinition],
+    stream_times: Mapping[str, Mapping[int, int]],
+    tasks: int,
+) -> DataFrame:
+    """Return the batch's partial aggregates (PARTIALS_SCHEMA) for every store of one topic."""
+    good = decoded.where(F.col("_error").isNull())
+    frames = [_narrow(decoded, None, F.lit(None), F.col("_error"))]
+    plans = []
+    for store in stores:
+        frame, number = _store_narrow(good, store)
+        frames.append(frame)
+        plans.append(_plan(store, number, stream_times.get(store.name, {})))
+    union = reduce(lambda a, b: a.unionByName(b), frames).coalesce(tasks)
+    return union.mapInArrow(partial(partials_of, plans=plans), PARTIALS_SCHEMA)

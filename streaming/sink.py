@@ -14,10 +14,10 @@ from __future__ import annotations
 import base64
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -28,7 +28,7 @@ from stores import PartitionState, PartitionStores, PartitionTransaction, StoreK
 from streaming.dead_letter import DeadLetterQueue
 from streaming.decode import decode, value_schema
 from streaming.definitions import App, StoreDefinition, Topic
-from streaming.partials import batch_rows, store_rows
+from streaming.partials import partials_frame
 from streaming.partitioner import PARTITIONERS, serialize_key
 
 if TYPE_CHECKING:
@@ -57,11 +57,12 @@ def _parse(table: pa.Table) -> dict[int, PartitionBatch]:
         if kind == "p":
             batch.partials[store].append((key, window_start, orjson.loads(partial)[0], records))
         elif kind == "off":
-            batch.first_offset, batch.last_offset = window_start, records
+            first = window_start if batch.first_offset < 0 else min(batch.first_offset, window_start)
+            batch.first_offset, batch.last_offset = first, max(batch.last_offset, records)
         elif kind == "late":
-            batch.late[store] = records
+            batch.late[store] = batch.late.get(store, 0) + records
         elif kind == "st":
-            batch.stream_time[store] = window_start
+            batch.stream_time[store] = max(batch.stream_time.get(store, window_start), window_start)
         else:
             batch.bad.append((store, orjson.loads(partial)))
     return batches
@@ -77,6 +78,7 @@ class StoreSink:
         partitions: Mapping[int, PartitionStores],
         dead_letters: DeadLetterQueue | None = None,
         on_commit: Callable[[int, int], None] | None = None,
+        tasks: int = 2,
     ) -> None:
         self.app = app
         self.topic = topic
@@ -84,6 +86,7 @@ class StoreSink:
         self.stores = app.stores_of(topic.name)
         self.dead_letters = dead_letters
         self.on_commit = on_commit
+        self.tasks = tasks
         self._schema = None
         self._partition_of: dict[Any, int] = {}
         self._lock = threading.Lock()
@@ -91,9 +94,19 @@ class StoreSink:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Apply one micro-batch (Spark's foreachBatch calls this on the driver)."""
         with self._lock:
+            started = time.perf_counter()
             table = self.partials(batch)
+            computed = time.perf_counter()
             if table.num_rows:
                 self.apply(_parse(table))
+            log.info(
+                "batch %d of %s: %d partial rows, spark %.0f ms, merge %.0f ms",
+                batch_id,
+                self.topic.name,
+                table.num_rows,
+                (computed - started) * 1000,
+                (time.perf_counter() - computed) * 1000,
+            )
 
     def partials(self, batch: DataFrame) -> pa.Table:
         """Return the batch's partial aggregates as one Arrow table (see streaming.partials)."""
@@ -110,12 +123,8 @@ class StoreSink:
         )
         decoded = decode(fresh, self.topic, self._schema).persist()
         try:
-            good = decoded.where(F.col("_error").isNull())
-            frames = batch_rows(decoded)
-            for store in self.stores:
-                frames += store_rows(good, store, self._stream_times(store))
-            union = reduce(lambda a, b: a.unionByName(b), frames)
-            return union.toArrow()
+            stream_times = {store.name: self._stream_times(store) for store in self.stores}
+            return partials_frame(decoded, self.stores, stream_times, self.tasks).toArrow()
         finally:
             decoded.unpersist()
 

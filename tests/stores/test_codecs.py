@@ -101,7 +101,7 @@ def test_windows_of_a_a_nul_and_ab_never_interleave() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="BUG stores/codecs.py:92: the 1-byte terminator 00 is followed by the start, whose first byte "
+    reason="BUG stores/codecs.py:89: the 1-byte terminator 00 is followed by the start, whose first byte "
     "is FF for starts >= 0x7F00<<48 (~290 My in ms), and 00 FF is also the escaped NUL: 'a' and 'a\\x00' interleave",
 )
 @pytest.mark.parametrize("start", [INT64_MAX, 0x7F01 << 48])

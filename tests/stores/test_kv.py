@@ -76,7 +76,8 @@ def test_int_keys_get(partition: PartitionStores, apply: Apply) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "key"), [("latest", 1), ("latest", True), ("latest_int", "1"), ("latest_int", 1.0), ("latest_int", 1 << 64)]
+    ("name", "key"),
+    [("latest", 1), ("latest", True), ("latest_int", "1"), ("latest_int", 1.0), ("latest_int", 1 << 64)],
 )
 def test_invalid_keys(partition: PartitionStores, name: str, key: object) -> None:
     kv = partition.kv(name)
@@ -133,7 +134,9 @@ def test_limit_and_cursor_pages_have_no_gaps_or_duplicates(partition: PartitionS
     second = kv.range("k010", "k050", limit=10, after=first.next_cursor)
     assert [k for k, _ in second.items] == keys[20:30]
     for limit in (1, 7, 10, 41, 500):
-        assert page_through(lambda **kw: kv.range("k010", "k050", **kw), limit) == [(k, int(k[1:])) for k in keys[10:51]]
+        assert page_through(lambda **kw: kv.range("k010", "k050", **kw), limit) == [
+            (k, int(k[1:])) for k in keys[10:51]
+        ]
     exact = kv.range("k000", "k009", limit=10)
     assert len(exact.items) == 10 and exact.next_cursor is None  # no empty last page
 
@@ -272,11 +275,6 @@ def test_put_and_delete(partition: PartitionStores, apply: Apply) -> None:
     assert kv.multi_get(["a", "b"]) == [11, 1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG stores/kv.py:79-82: every pair is merged into the state read before the loop, so a key "
-    "given twice in one merge keeps only its last partial (fold duplicates first)",
-)
 def test_a_key_given_twice_in_one_merge_folds_both_partials(partition: PartitionStores, apply: Apply) -> None:
     kv = partition.kv("counts")
     apply(partition, lambda tx: kv.merge(tx, [("a", 1), ("b", 1), ("a", 2)]))

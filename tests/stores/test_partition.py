@@ -245,7 +245,7 @@ def test_transaction_reads_see_its_own_pending_writes(partition: PartitionStores
 
 @pytest.mark.xfail(
     strict=True,
-    reason="stores/partition.py:166/243: the offset check runs at begin() only; two transactions begun "
+    reason="BUG stores/partition.py:153-171/262: the offset check runs at begin() only; two transactions begun "
     "at the same offset both commit, applying the batch twice (re-check next_offset under the write lock)",
 )
 def test_two_transactions_begun_at_the_same_offset_apply_once(partition: PartitionStores) -> None:
@@ -404,7 +404,9 @@ def test_close_then_reopen_in_the_same_process(open_partition: Callable[..., Par
     assert page.items and windows.items
 
 
-def test_a_second_handle_in_the_same_process_is_locked_out(partition: PartitionStores, state_dir: StateDirectory) -> None:
+def test_a_second_handle_in_the_same_process_is_locked_out(
+    partition: PartitionStores, state_dir: StateDirectory
+) -> None:
     with pytest.raises(StateDirLockedError):
         state_dir.open(TOPIC, 0, ())
     assert partition.kv("latest").get("a") is None  # the first handle is unharmed

@@ -27,7 +27,7 @@ from streaming.kafka_offsets import cap_offsets, fair_shares
 from streaming.kafka_source import ARROW_SCHEMA, KafkaDataSource, KafkaSourceError, KafkaSourceOptions
 from tests.conftest import MakeTopic
 
-PARTITIONS, RECORDS = 4, 4000
+PARTITIONS, RECORDS = 4, 2000
 Row = tuple[int, int, bytes, bytes]  # partition, offset, key, value
 
 
@@ -92,10 +92,10 @@ def test_reads_owned_partitions_from_starting_offsets(
 
 
 def test_max_records_per_batch_is_honoured(stream: Callable[..., DataFrame], loaded: str, tmp_path: Path) -> None:
-    batches = run_available_now(stream(loaded, maxRecordsPerBatch="700"), tmp_path)
+    batches = run_available_now(stream(loaded, maxRecordsPerBatch="900"), tmp_path)
 
-    assert [len(b) for b in batches] == [700] * (RECORDS // 700) + [RECORDS % 700]
-    assert len(batches) == math.ceil(RECORDS / 700)
+    assert [len(b) for b in batches] == [900, 900, 200]
+    assert len(batches) == math.ceil(RECORDS / 900)
     assert flat(batches) == sorted(map(record, range(RECORDS)))
 
 
@@ -142,7 +142,7 @@ def test_empty_partition_set_reads_nothing(stream: Callable[..., DataFrame], loa
 
 
 def test_schema_and_types(stream: Callable[..., DataFrame], loaded: str, tmp_path: Path) -> None:
-    df = stream(loaded, partitions="2", startingOffsets='{"2": 999}')
+    df = stream(loaded, partitions="2", startingOffsets='{"2": 499}')
     captured: list[Any] = []
     query = df.writeStream.foreachBatch(lambda batch, _: captured.extend(batch.collect()))
     assert query.option("checkpointLocation", str(tmp_path)).trigger(availableNow=True).start().awaitTermination(60)
@@ -154,7 +154,7 @@ def test_schema_and_types(stream: Callable[..., DataFrame], loaded: str, tmp_pat
     ])
     assert ARROW_SCHEMA.equals(to_arrow_schema(df.schema, timezone="UTC"))
     [row] = captured
-    assert (row.key, row.value, row.topic, row.partition, row.offset) == (b"k3998", b"v3998", loaded, 2, 999)
+    assert (row.key, row.value, row.topic, row.partition, row.offset) == (b"k1998", b"v1998", loaded, 2, 499)
     assert isinstance(row.timestamp, dt.datetime)
 
 

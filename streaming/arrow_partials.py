@@ -1,0 +1,215 @@
+"""Partial aggregates of one Spark task's records, with pyarrow: the function Spark's mapInArrow runs.
+
+Input rows (``NARROW_SCHEMA``), one per record per store, plus one per record with no store that
+carries the record's offset and, for a bad record, its error and raw bytes. Output rows
+(``PARTIALS_SCHEMA``), told apart by ``kind``:
+
+- ``p``: a partial aggregate per (store, partition, key[, window start]); ``partial`` is a JSON array
+  holding the partial state, ``records`` how many records it covers;
+- ``late``: records that came after their window closed (``records``) per (store, partition);
+- ``st``: the largest event time per (store, partition) (``window_start``);
+- ``off``: the first (``window_start``) and last (``records``) offset seen per partition;
+- ``bad``: one bad record; ``partial`` is a JSON object with offset, error, base64 key and value.
+
+Each (store, Kafka partition) arrives whole and in offset order in one task, so stream time per record
+(for lateness) is exact: the stored stream time, then the running maximum of event times.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+NARROW_SCHEMA = (
+    "store string, partition int, offset long, event_ms long, key string, inum long, fnum double, "
+    "payload string, error string, raw_key binary, raw_value binary"
+)
+PARTIALS_SCHEMA = (
+    "kind string, store string, partition int, key string, window_start long, partial string, records long"
+)
+PARTIALS_ARROW = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("store", pa.string()),
+        ("partition", pa.int32()),
+        ("key", pa.string()),
+        ("window_start", pa.int64()),
+        ("partial", pa.string()),
+        ("records", pa.int64()),
+    ]
+)
+_LONG_MIN = -(1 << 63)
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """What a task needs to know of one store to compute its partials (small and picklable)."""
+
+    name: str
+    kind: str  # "key_value" | "window" | "bloom"
+    aggregation: str  # count | sum | min | max | avg | latest
+    number: str | None = None  # "inum" or "fnum": the column holding the aggregated number
+    window: tuple[int, int, int] | None = None  # size, advance, grace (ms)
+    stream_times: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Rows:
+    columns: dict[str, list[Any]] = field(default_factory=lambda: {n: [] for n in PARTIALS_ARROW.names})
+
+    def add(self, kind: str, store: str | None, partition: int, **values: Any) -> None:
+        for name, column in self.columns.items():
+            column.append(
+                kind
+                if name == "kind"
+                else store
+                if name == "store"
+                else partition
+                if name == "partition"
+                else values.get(name)
+            )
+
+    def extend(
+        self,
+        kind: str,
+        store: str,
+        partitions: list[int],
+        keys: list[Any],
+        starts: list[Any] | None,
+        partials: list[str],
+        records: list[int],
+    ) -> None:
+        n = len(partitions)
+        c = self.columns
+        c["kind"].extend([kind] * n)
+        c["store"].extend([store] * n)
+        c["partition"].extend(partitions)
+        c["key"].extend(keys)
+        c["window_start"].extend(starts if starts is not None else [None] * n)
+        c["partial"].extend(partials)
+        c["records"].extend(records)
+
+    def batch(self) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict(self.columns, schema=PARTIALS_ARROW)
+
+
+def partials_of(batches: Iterator[pa.RecordBatch], plans: Sequence[StorePlan]) -> Iterator[pa.RecordBatch]:
+    """Yield the partials (PARTIALS_ARROW) of one task's records (NARROW_SCHEMA)."""
+    collected = list(batches)
+    if not collected:
+        return
+    table = pa.Table.from_batches(collected)
+    rows = _Rows()
+    store = table["store"]
+    _batch_rows(table.filter(pc.is_null(store)), rows)
+    for plan in plans:
+        part = table.filter(pc.equal(store, plan.name))
+        if part.num_rows:
+            _store_rows(part, plan, rows)
+    yield rows.batch()
+
+
+def _batch_rows(table: pa.Table, rows: _Rows) -> None:
+    grouped = table.group_by("partition", use_threads=False).aggregate([("offset", "min"), ("offset", "max")])
+    for p, lo, hi in zip(*(grouped[c].to_pylist() for c in ("partition", "offset_min", "offset_max")), strict=True):
+        rows.add("off", None, p, window_start=lo, records=hi)
+    _bad_rows(table.filter(pc.is_valid(table["error"])), None, rows)
+
+
+def _bad_rows(bad: pa.Table, store: str | None, rows: _Rows) -> None:
+    for record in bad.select(["partition", "offset", "error", "raw_key", "raw_value"]).to_pylist():
+        info = {
+            "offset": record["offset"],
+            "error": record["error"],
+            "key": base64.b64encode(record["raw_key"]).decode() if record["raw_key"] is not None else None,
+            "value": base64.b64encode(record["raw_value"]).decode() if record["raw_value"] is not None else None,
+        }
+        rows.add("bad", store, record["partition"], partial=orjson.dumps(info).decode())
+
+
+def _store_rows(table: pa.Table, plan: StorePlan, rows: _Rows) -> None:
+    bad = pc.is_valid(table["error"])
+    if pc.any(bad).as_py():
+        _bad_rows(table.filter(bad), plan.name, rows)
+        table = table.filter(pc.invert(bad))
+    if plan.kind == "window":
+        table = _windowed(table, plan, rows)
+        group_keys = ["partition", "key", "window_start"]
+    else:
+        group_keys = ["partition", "key"]
+    if table.num_rows == 0:
+        return
+    grouped = table.group_by(group_keys, use_threads=False).aggregate(_aggregations(plan))
+    partials = _partial_json(grouped, plan)
+    starts = grouped["window_start"].to_pylist() if plan.kind == "window" else None
+    rows.extend(
+        "p",
+        plan.name,
+        grouped["partition"].to_pylist(),
+        grouped["key"].to_pylist(),
+        starts,
+        partials,
+        grouped["offset_count"].to_pylist(),
+    )
+
+
+def _aggregations(plan: StorePlan) -> list[tuple[str, str]]:
+    aggs = [("offset", "count")]
+    if plan.kind == "bloom" or plan.aggregation == "count":
+        return aggs
+    if plan.aggregation == "latest":
+        return [*aggs, ("payload", "last")]
+    number = str(plan.number)
+    if plan.aggregation == "avg":
+        return [*aggs, (number, "sum"), (number, "count")]
+    return [*aggs, (number, plan.aggregation)]
+
+
+def _partial_json(grouped: pa.Table, plan: StorePlan) -> list[str]:
+    if plan.kind == "bloom":
+        return ["[null]"] * grouped.num_rows
+    if plan.aggregation == "count":
+        return [f"[{n}]" for n in grouped["offset_count"].to_pylist()]
+    if plan.aggregation == "latest":
+        return [f"[{p}]" if p is not None else "[null]" for p in grouped["payload_last"].to_pylist()]
+    number = str(plan.number)
+    if plan.aggregation == "avg":
+        sums, counts = grouped[f"{number}_sum"].to_pylist(), grouped[f"{number}_count"].to_pylist()
+        return [orjson.dumps([[s, c]] if c else [None]).decode() for s, c in zip(sums, counts, strict=True)]
+    values = grouped[f"{number}_{plan.aggregation}"].to_pylist()
+    return [orjson.dumps([v]).decode() for v in values]
+
+
+def _windowed(table: pa.Table, plan: StorePlan, rows: _Rows) -> pa.Table:
+    """Return one row per (record, window it is on time for); add late and stream-time rows."""
+    assert plan.window is not None  # noqa: S101 - a window plan always has a window
+    size, advance, grace = plan.window
+    table = table.sort_by([("partition", "ascending"), ("offset", "ascending")])
+    partitions = table["partition"].to_numpy()
+    ts = table["event_ms"].to_numpy().astype(np.int64)
+    stream_time = np.empty_like(ts)
+    for p in np.unique(partitions):
+        seg = np.flatnonzero(partitions == p)
+        stored = plan.stream_times.get(int(p), _LONG_MIN)
+        stream_time[seg] = np.maximum.accumulate(np.maximum(ts[seg], stored))
+        rows.add("st", plan.name, int(p), window_start=int(ts[seg].max()))
+    per_record = -(-size // advance)
+    first = -((-(ts - size + 1)) // advance) * advance
+    starts = first[:, None] + advance * np.arange(per_record, dtype=np.int64)[None, :]
+    valid = starts <= ts[:, None]
+    late = valid & (starts + size + grace <= stream_time[:, None])
+    for p in np.unique(partitions):
+        count = int(late[partitions == p].sum())
+        if count:
+            rows.add("late", plan.name, int(p), records=count)
+    on_time = valid & ~late
+    record_index, window_index = np.nonzero(on_time)
+    exploded = table.take(pa.array(record_index))
+    return exploded.append_column("window_start", pa.array(starts[record_index, window_index], pa.int64()))

@@ -1,0 +1,98 @@
+"""End to end: generated shop orders through the real broker and Spark into the stores."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from examples.shop import ITEMS, build_app
+from stores import PartitionState, StateDirectory
+from streaming.broker import EmbeddedBroker, produce
+from streaming.definitions import App
+from streaming.runner import RunnerSettings, StreamRunner
+from tests.conftest import MakeTopic
+from tests.streaming.ground_truth import expected
+from tests.streaming.readback import read_back
+
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+EVENTS = 10_000
+PARTITIONS = 6
+
+
+def send(broker: EmbeddedBroker, topic: str, events: list[tuple[str, dict[str, Any]]]) -> None:
+    produce(broker.bootstrap_servers, topic, [(k.encode(), orjson.dumps(v), None) for k, v in events])
+
+
+def assert_equal_to_ground_truth(app: App, actual: Any, events: list[tuple[str, dict[str, Any]]]) -> None:
+    truth = expected(app, events)
+    for name, table in truth.kv.items():
+        got = actual.kv[name]
+        assert got.keys() == table.keys(), name
+        for key, value in table.items():
+            if isinstance(value, float):
+                assert got[key] == pytest.approx(value, rel=1e-9), (name, key)
+            elif isinstance(value, dict):
+                assert {k: v for k, v in got[key].items() if k != "ts"} == {
+                    k: v for k, v in value.items() if k != "ts"
+                }, (name, key)
+            else:
+                assert got[key] == value, (name, key)
+    for name, table in truth.windows.items():
+        got = actual.windows[name]
+        assert got.keys() == table.keys(), name
+        assert all(got[k] == pytest.approx(v, rel=1e-9) for k, v in table.items()), name
+        assert actual.late[name] == truth.late[name], name
+
+
+@pytest.fixture(scope="module")
+def shop(broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[tuple[App, list[Any], StreamRunner]]:
+    topic = make_topic(PARTITIONS, prefix="orders")
+    app = build_app(topic, PARTITIONS)
+    assert app.generator is not None
+    events = list(itertools.islice(app.generator(11, START_MS), EVENTS))
+    send(broker, topic, events)
+    state = StateDirectory(Path(tmp_path_factory.mktemp("shop")) / "state", "shop")
+    runner = StreamRunner(app, spark, state, RunnerSettings(broker.bootstrap_servers, max_records_per_batch=4000))
+    runner.start({topic: range(PARTITIONS)})
+    runner.wait_until_caught_up(timeout=300)
+    yield app, events, runner
+    runner.stop()
+
+
+def test_every_store_equals_a_python_computation_over_the_events(shop: Any) -> None:
+    app, events, runner = shop
+    actual = read_back(app, runner.partitions[app.topics[0].name].values())
+    assert_equal_to_ground_truth(app, actual, events)
+
+
+def test_late_events_are_counted_not_applied(shop: Any) -> None:
+    app, events, runner = shop
+    actual = read_back(app, runner.partitions[app.topics[0].name].values())
+    assert actual.late["orders_per_minute"] > 0
+    assert actual.late["orders_per_minute"] == expected(app, events).late["orders_per_minute"]
+
+
+def test_bloom_has_every_item_sold_and_not_unsold_ones(shop: Any) -> None:
+    app, events, runner = shop
+    partitions = runner.partitions[app.topics[0].name].values()
+    sold = {v["item"] for _, v in events}
+    assert sold == set(ITEMS)
+    for item in sold:
+        assert any(p.bloom("items_sold").might_contain(item) for p in partitions), item
+    unsold = [f"never-{i}" for i in range(200)]
+    false_positives = sum(any(p.bloom("items_sold").might_contain(u) for p in partitions) for u in unsold)
+    assert false_positives <= 2
+
+
+def test_status_reports_every_partition_running_without_lag(shop: Any) -> None:
+    app, events, runner = shop
+    status = runner.status()
+    assert [s.partition for s in status] == list(range(PARTITIONS))
+    assert all(s.state == PartitionState.RUNNING.value and s.lag == 0 for s in status)
+    assert sum(s.applied_offset for s in status) == EVENTS
