@@ -27,7 +27,16 @@ from typing import IO, Any, Final
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-__all__ = ["ONE_RECORD_PER_REQUEST", "BrokerError", "EmbeddedBroker", "Record", "produce"]
+__all__ = [
+    "JAVA_PARTITIONER",
+    "ONE_RECORD_PER_REQUEST",
+    "BrokerError",
+    "EmbeddedBroker",
+    "Record",
+    "free_port",
+    "produce",
+    "tansu_binary",
+]
 
 log = logging.getLogger(__name__)
 

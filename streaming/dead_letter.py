@@ -34,6 +34,11 @@ class DeadLetterQueue:
         if err is not None:
             self._failed.append(str(err))
 
+    def close(self) -> None:
+        """Flush what is queued and release the producer."""
+        self._producer.flush(5.0)
+        self._producer.close()
+
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every queued record is acknowledged; raise KafkaException if one was not."""
         remaining = self._producer.flush(timeout)

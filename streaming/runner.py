@@ -41,6 +41,7 @@ class RunnerSettings:
 
     bootstrap_servers: str
     kafka_config: Mapping[str, str] | None = None
+    producer_config: Mapping[str, str] | None = None
     max_records_per_batch: int = 200_000
     trigger_interval: str = "0 seconds"
 
@@ -74,6 +75,7 @@ class StreamRunner:
         self._queries: list[StreamingQuery] = []
         self._checkpoints: list[Path] = []
         self._offsets: dict[str, KafkaOffsets] = {}
+        self._dead_letter_queue: DeadLetterQueue | None = None
         self._lock = threading.RLock()
         spark.dataSource.register(KafkaDataSource)
 
@@ -134,7 +136,10 @@ class StreamRunner:
         topic = self.app.kafka.dead_letter_topic
         if topic is None:
             return None
-        return DeadLetterQueue(self.settings.bootstrap_servers, topic, self.settings.kafka_config)
+        if self._dead_letter_queue is None:
+            config = {**(self.settings.kafka_config or {}), **(self.settings.producer_config or {})}
+            self._dead_letter_queue = DeadLetterQueue(self.settings.bootstrap_servers, topic, config)
+        return self._dead_letter_queue
 
     def _committed(self, topic: str) -> Callable[[int, int], None]:
         def on_commit(partition: int, next_offset: int) -> None:
@@ -173,6 +178,9 @@ class StreamRunner:
                     stores.close()
             self.partitions.clear()
             self._offsets.clear()
+            if self._dead_letter_queue is not None:
+                self._dead_letter_queue.close()
+                self._dead_letter_queue = None
 
     def raise_if_failed(self) -> None:
         """Raise the exception of a query that died."""

@@ -1,0 +1,91 @@
+"""Bad records mixed into good ones: the good are applied, the bad counted and dead-lettered."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer
+
+from examples.shop import build_app
+from stores import StateDirectory
+from streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce
+from streaming.definitions import KafkaSettings
+from streaming.runner import RunnerSettings, StreamRunner
+from tests.conftest import MakeTopic
+from tests.streaming.ground_truth import expected
+from tests.streaming.readback import read_back
+from tests.streaming.test_pipeline import START_MS
+
+BAD = [
+    (b"customer-0001", b"{not json", "undecodable value"),
+    (b"customer-0002", orjson.dumps({"customer": "customer-0002", "amount": "lots", "ts": "2026-01-01T00:00:01Z"}),
+     "undecodable value"),
+    (None, orjson.dumps({"customer": "x", "amount": 1.0, "ts": "2026-01-01T00:00:02Z"}), "null key"),
+    (b"customer-0003", b'{"pad": "' + b"x" * 5000 + b'"}', "value too large"),
+    (b"customer-0004", None, "null value"),
+]
+
+
+def _dead_letters(broker: EmbeddedBroker, topic: str, expected_count: int) -> list[Any]:
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"dlq-{topic}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    found: list[Any] = []
+    try:
+        for _ in range(60):
+            found += [m for m in consumer.consume(100, timeout=0.5) if m.error() is None]
+            if len(found) >= expected_count:
+                break
+    finally:
+        consumer.close()
+    return found
+
+
+def test_bad_records_are_counted_and_dead_lettered(
+    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(2, prefix="orders")
+    dlq = make_topic(1, prefix="dlq")
+    base = build_app(topic, 2)
+    app = dataclasses.replace(
+        base,
+        topics=[dataclasses.replace(base.topics[0], max_value_bytes=4096)],
+        kafka=KafkaSettings(dead_letter_topic=dlq),
+    )
+    assert app.generator is not None
+    good = list(itertools.islice(app.generator(5, START_MS), 400))
+    records = [(k.encode(), orjson.dumps(v), None) for k, v in good[:200]]
+    records += [(key, value, 0) for key, value, _ in BAD]
+    records += [(k.encode(), orjson.dumps(v), None) for k, v in good[200:]]
+    produce(broker.bootstrap_servers, topic, records)
+
+    settings = RunnerSettings(broker.bootstrap_servers, producer_config=dict(ONE_RECORD_PER_REQUEST))
+    runner = StreamRunner(app, spark, StateDirectory(tmp_path / "state", "shop"), settings)
+    try:
+        runner.start({topic: [0, 1]})
+        runner.wait_until_caught_up(timeout=180)
+        partitions = runner.partitions[topic]
+        actual = read_back(app, partitions.values())
+        truth = expected(app, good)
+        assert actual.kv["order_count"] == truth.kv["order_count"]
+        for store in app.stores:
+            assert sum(p.db.counter(f"bad:{store.name}") for p in partitions.values()) == len(BAD), store.name
+    finally:
+        runner.stop()
+
+    letters = _dead_letters(broker, dlq, len(BAD))
+    assert len(letters) == len(BAD)
+    errors = sorted(dict(m.headers())["iq.error"].decode() for m in letters)
+    assert errors == sorted(reason for _, _, reason in BAD)
+    offsets = []
+    for message in letters:
+        headers = dict(message.headers())
+        assert headers["iq.topic"].decode() == topic
+        assert headers["iq.partition"] == b"0"
+        offsets.append(int(headers["iq.offset"]))
+    assert sorted(offsets) == list(range(min(offsets), min(offsets) + len(BAD)))
+    assert {m.value() for m in letters} == {value for _, value, _ in BAD}
