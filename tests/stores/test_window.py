@@ -52,7 +52,7 @@ def aggregate(stores: PartitionStores, apply: Apply, name: str, records: list[tu
 # -- window assignment ----------------------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     st.integers(1, 60).flatmap(lambda size: st.tuples(st.just(size), st.integers(1, size))),
     st.integers(-(10**6), 10**6) | st.integers(-(10**15), 10**15),

@@ -22,8 +22,11 @@ from tests.streaming.test_pipeline import START_MS
 
 BAD = [
     (b"customer-0001", b"{not json", "undecodable value"),
-    (b"customer-0002", orjson.dumps({"customer": "customer-0002", "amount": "lots", "ts": "2026-01-01T00:00:01Z"}),
-     "undecodable value"),
+    (
+        b"customer-0002",
+        orjson.dumps({"customer": "customer-0002", "amount": "lots", "ts": "2026-01-01T00:00:01Z"}),
+        "undecodable value",
+    ),
     (None, orjson.dumps({"customer": "x", "amount": 1.0, "ts": "2026-01-01T00:00:02Z"}), "null key"),
     (b"customer-0003", b'{"pad": "' + b"x" * 5000 + b'"}', "value too large"),
     (b"customer-0004", None, "null value"),
@@ -31,8 +34,14 @@ BAD = [
 
 
 def _dead_letters(broker: EmbeddedBroker, topic: str, expected_count: int) -> list[Any]:
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"dlq-{topic}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": f"dlq-{topic}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     found: list[Any] = []
     try:

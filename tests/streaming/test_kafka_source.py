@@ -147,11 +147,16 @@ def test_schema_and_types(stream: Callable[..., DataFrame], loaded: str, tmp_pat
     query = df.writeStream.foreachBatch(lambda batch, _: captured.extend(batch.collect()))
     assert query.option("checkpointLocation", str(tmp_path)).trigger(availableNow=True).start().awaitTermination(60)
 
-    assert df.schema == StructType([
-        StructField("key", BinaryType()), StructField("value", BinaryType()), StructField("topic", StringType()),
-        StructField("partition", IntegerType()), StructField("offset", LongType()),
-        StructField("timestamp", TimestampType()),
-    ])
+    assert df.schema == StructType(
+        [
+            StructField("key", BinaryType()),
+            StructField("value", BinaryType()),
+            StructField("topic", StringType()),
+            StructField("partition", IntegerType()),
+            StructField("offset", LongType()),
+            StructField("timestamp", TimestampType()),
+        ]
+    )
     assert ARROW_SCHEMA.equals(to_arrow_schema(df.schema, timezone="UTC"))
     [row] = captured
     assert (row.key, row.value, row.topic, row.partition, row.offset) == (b"k1998", b"v1998", loaded, 2, 499)

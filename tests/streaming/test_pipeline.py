@@ -50,8 +50,9 @@ def assert_equal_to_ground_truth(app: App, actual: Any, events: list[tuple[str, 
 
 
 @pytest.fixture(scope="module")
-def shop(broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
-         ) -> Iterator[tuple[App, list[Any], StreamRunner]]:
+def shop(
+    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[App, list[Any], StreamRunner]]:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)
     assert app.generator is not None

@@ -1,0 +1,89 @@
+"""Exactly once through crashes: SIGKILL the pipeline before, during and after batch writes, restart,
+and the stores equal a run that never crashed."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from examples.shop import build_app
+from stores import PartitionState, StateDirectory
+from streaming.broker import EmbeddedBroker
+from tests.conftest import MakeTopic
+from tests.streaming.readback import read_back
+from tests.streaming.test_pipeline import START_MS, assert_equal_to_ground_truth, send
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITIONS = 3
+EVENTS = 3_000
+
+
+def _child(broker: EmbeddedBroker, topic: str, state: Path, *extra: str) -> subprocess.Popen[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "tests.streaming.crash_child",
+        "--bootstrap",
+        broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--partitions",
+        str(PARTITIONS),
+        "--state",
+        str(state),
+        *extra,
+    ]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def _run(broker: EmbeddedBroker, topic: str, state: Path, *extra: str) -> int:
+    child = _child(broker, topic, state, *extra)
+    child.communicate(timeout=300)
+    return child.returncode
+
+
+def _kill_after_first_write(broker: EmbeddedBroker, topic: str, state: Path) -> int:
+    """Kill the node at a moment of the parent's choosing: shortly after its first write, mid-batch."""
+    child = _child(broker, topic, state, "--batch", "300")
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.startswith("WROTE"):
+            time.sleep(0.4)
+            os.kill(child.pid, signal.SIGKILL)
+            break
+    child.communicate(timeout=60)
+    return child.returncode
+
+
+def test_sigkill_at_any_point_then_restart_gives_exactly_the_ground_truth(
+    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(PARTITIONS, prefix="orders")
+    app = build_app(topic, PARTITIONS)
+    assert app.generator is not None
+    events = list(itertools.islice(app.generator(23, START_MS), EVENTS))
+    send(broker, topic, events)
+    state = tmp_path / "state"
+
+    assert _run(broker, topic, state, "--crash", "before-write", "--at", "2") == -signal.SIGKILL
+    assert _run(broker, topic, state, "--crash", "after-write", "--at", "2") == -signal.SIGKILL
+    assert _kill_after_first_write(broker, topic, state) == -signal.SIGKILL
+    assert _run(broker, topic, state) == 0
+
+    directory = StateDirectory(state, app.name)
+    partitions = [directory.open(topic, p, app.specs(topic)) for p in range(PARTITIONS)]
+    try:
+        for stores in partitions:
+            stores.db.set_state(PartitionState.RUNNING)
+        assert sum(s.db.next_offset() for s in partitions) == EVENTS
+        actual: Any = read_back(app, partitions)
+        assert_equal_to_ground_truth(app, actual, events)
+    finally:
+        for stores in partitions:
+            stores.close()
