@@ -9,6 +9,7 @@ the integer 5 and the string "5" are different keys.
 from __future__ import annotations
 
 import io
+import struct
 import threading
 from collections.abc import Iterable, Sequence
 
@@ -53,7 +54,7 @@ class BloomStore:
             return ScalableBloomFilter(initial_capacity=self.bloom.capacity, error_rate=self.bloom.error_rate)
         try:
             return ScalableBloomFilter.fromfile(io.BytesIO(raw))
-        except (ValueError, EOFError, IndexError, TypeError) as exc:
+        except (struct.error, ValueError, EOFError, IndexError, TypeError) as exc:
             raise CorruptValueError(f"bloom snapshot of store {self.name!r} cannot be read: {exc}") from exc
 
     def might_contain(self, key: Key) -> bool:

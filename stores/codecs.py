@@ -4,7 +4,7 @@ Keys are encoded so that byte order is the natural order (invariant 3):
 - strings: UTF-8 (UTF-8 byte order is code point order);
 - integers: 64-bit big-endian with the sign bit flipped, so negatives sort before positives;
 - window keys: the key, made self-delimiting, then the window start as a sign-flipped big-endian int64.
-  Strings in window keys escape NUL as ``00 FF`` and end with ``00`` (the FoundationDB tuple rule), so
+  Strings in window keys escape NUL as ``00 FF`` and end with ``00 00`` (after the FoundationDB tuple rule), so
   ``"a"``'s windows never interleave with ``"ab"``'s and the order stays natural.
 
 Values are orjson behind a one-byte format version. orjson is the fastest JSON codec for Python on
@@ -86,7 +86,7 @@ class KeyCodec:
         """Return the self-delimiting form of key that starts each of its window keys."""
         checked = self.check(key)
         if isinstance(checked, str):
-            return checked.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"
+            return checked.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00\x00"
         return encode_int64(checked)
 
     def encode_window_key(self, key: object, window_start: int) -> bytes:
@@ -98,7 +98,7 @@ class KeyCodec:
         start = decode_int64(data[-8:])
         head = data[:-8]
         if self.key_type == "string":
-            return head[:-1].replace(b"\x00\xff", b"\x00").decode("utf-8"), start
+            return head[:-2].replace(b"\x00\xff", b"\x00").decode("utf-8"), start
         return decode_int64(head), start
 
 

@@ -168,11 +168,13 @@ class PartitionDB:
                 f"{self.topic}-{self.partition}: batch [{start_offset}, {end_offset}) overlaps applied "
                 f"records; start it at {expected}"
             )
-        return PartitionTransaction(self, end_offset)
+        return PartitionTransaction(self, start_offset, end_offset)
 
-    def write(self, batch: WriteBatch) -> None:
-        """Write batch atomically."""
+    def write(self, batch: WriteBatch, start_offset: int) -> None:
+        """Write batch atomically if no other batch was applied since it began at start_offset."""
         with self._write_lock:
+            if self.next_offset() != start_offset:
+                raise OffsetError(f"{self.topic}-{self.partition}: another batch was applied since this one began")
             self.rdict.write(batch)
 
     def close(self) -> None:
@@ -200,8 +202,9 @@ class PartitionTransaction:
     Reads through the transaction see its own pending writes, so merges within a batch compose.
     """
 
-    def __init__(self, db: PartitionDB, end_offset: int) -> None:
+    def __init__(self, db: PartitionDB, start_offset: int, end_offset: int) -> None:
         self.db = db
+        self.start_offset = start_offset
         self.end_offset = end_offset
         self._batch = WriteBatch(raw_mode=True)
         self._pending: dict[str, dict[bytes, bytes | None]] = {}
@@ -259,7 +262,7 @@ class PartitionTransaction:
             for hook in self._before_commit:
                 hook()
             self.put(META_CF, NEXT_OFFSET_KEY, encode_int64(self.end_offset))
-            self.db.write(self._batch)
+            self.db.write(self._batch, self.start_offset)
         except BaseException:
             self.abort()
             raise

@@ -52,6 +52,10 @@ class WindowStore:
         raw = self.db.meta(self._stream_time_key)
         return None if raw is None else decode_int64(raw)
 
+    def _stream_time_in(self, tx: PartitionTransaction) -> int | None:
+        raw = tx.multi_get(META_CF, [self._stream_time_key])[0]
+        return None if raw is None else decode_int64(raw)
+
     def late_records(self) -> int:
         """Return how many records arrived after their window closed and were not applied."""
         return self.db.counter(self._late_counter)
@@ -88,7 +92,7 @@ class WindowStore:
         if time_from > time_to:
             return Page()
         family = self.db.family(self.name)
-        stop_at = encode_int64(time_to + 1)
+        stop_at = encode_int64(time_to)
 
         def entry(index_key: bytes, _: bytes) -> WindowedValue:
             window_key = index_key[8:]
@@ -96,7 +100,7 @@ class WindowStore:
             return self._entry(window_key, raw)
 
         lower = encode_int64(time_from)
-        return paginate(self.db.family(self.index), lower, lambda k: k >= stop_at, limit, after, entry)
+        return paginate(self.db.family(self.index), lower, lambda k: k[:8] > stop_at, limit, after, entry)
 
     def fetch_range(
         self,
@@ -142,7 +146,7 @@ class WindowStore:
         count as late, as do the late records the caller found; windows past retention are dropped.
         """
         agg = aggregation or self.spec.aggregation
-        before = self.stream_time()
+        before = self._stream_time_in(tx)
         after = before if stream_time is None else stream_time if before is None else max(before, stream_time)
         retained_from = self._expired_before(after)
         partials: dict[bytes, tuple[int, Any]] = {}
@@ -184,7 +188,7 @@ class WindowStore:
         Each record advances stream time first; a record whose window is closed by then is late.
         """
         agg = aggregation or self.spec.aggregation
-        stream_time = self.stream_time()
+        stream_time = self._stream_time_in(tx)
         partials: dict[tuple[Key, int], Any] = {}
         late = 0
         for key, timestamp, partial in records:

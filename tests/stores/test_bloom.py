@@ -144,11 +144,6 @@ def test_a_truncated_snapshot_is_corrupt(
         stores.bloom("seen_int").might_contain(1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG stores/bloom.py:56: pybloom-live raises struct.error on a short or garbage snapshot, "
-    "which the except clause does not list, so it escapes as an unexpected error, not CorruptValueError",
-)
 @pytest.mark.parametrize(
     "corrupt",
     [lambda _: b"garbage", lambda _: b"", lambda snapshot: snapshot[:30]],

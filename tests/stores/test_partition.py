@@ -243,11 +243,6 @@ def test_transaction_reads_see_its_own_pending_writes(partition: PartitionStores
     assert counts.multi_get(["a", "b"]) == [3, 7]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG stores/partition.py:153-171/262: the offset check runs at begin() only; two transactions begun "
-    "at the same offset both commit, applying the batch twice (re-check next_offset under the write lock)",
-)
 def test_two_transactions_begun_at_the_same_offset_apply_once(partition: PartitionStores) -> None:
     counts = partition.kv("counts")
     first, second = partition.db.begin(0, 1), partition.db.begin(0, 1)

@@ -218,12 +218,6 @@ def test_stream_time_and_late_count_survive_reopen(
     assert again.window("hopping").stream_time() is None  # stream time is per store
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG stores/window.py:145/185: merge and aggregate read stream time from the committed meta, "
-    "not through the transaction: a second aggregate in the same batch moves stream time back and applies "
-    "records that are late (read it with tx.multi_get(META_CF, [key]), as tx.increment does)",
-)
 def test_two_aggregates_in_one_batch_compose(partition: PartitionStores, apply: Apply) -> None:
     window = partition.window("tumbling")
 
@@ -237,22 +231,11 @@ def test_two_aggregates_in_one_batch_compose(partition: PartitionStores, apply: 
     assert windows(window.fetch("a", 0, 2_000)) == [("a", 1_000, 1_010, 1)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG stores/codecs.py:89 (see test_codecs): with time_to near INT64_MAX the scan bound of "
-    "key 'a' covers the windows of 'a\\x00', which fetch('a') then returns",
-)
 def test_fetch_to_the_end_of_time_returns_only_the_key(partition: PartitionStores, apply: Apply) -> None:
     window = aggregate(partition, apply, "tumbling", [("a", 5, 1), ("a\x00", 5, 1)])
     assert [w.key for w in window.fetch("a", 0, INT64_MAX)] == ["a"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OverflowError,
-    reason="BUG stores/window.py:91: encode_int64(time_to + 1) overflows for time_to = INT64_MAX "
-    "(stop with inclusive_stop(encode_int64(time_to) + b'\\xff' * 8) or k[:8] > encode_int64(time_to))",
-)
 def test_fetch_all_to_the_end_of_time(partition: PartitionStores, apply: Apply) -> None:
     window = aggregate(partition, apply, "tumbling", [("a", 5, 1)])
     assert [w.key for w in window.fetch_all(0, INT64_MAX).items] == ["a"]

@@ -1,0 +1,65 @@
+"""The Spark type of each store's values: what the GraphQL schema turns into typed fields.
+
+A store's records are the topic's decoded records after the store's transformation, so the value type
+is found by running the decode and the transformation on an empty DataFrame (analysis only, no job).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegralType,
+    LongType,
+    StructField,
+    StructType,
+)
+
+from stores import StoreKind
+from streaming.decode import decode, value_schema
+from streaming.definitions import App, DefinitionError, StoreDefinition
+from streaming.kafka_source import SCHEMA
+from streaming.partials import store_frame
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def _aggregate_type(store: StoreDefinition, records: StructType) -> DataType:
+    agg = store.aggregate
+    if store.kind is StoreKind.BLOOM:
+        return BooleanType()
+    if agg.kind == "count":
+        return LongType()
+    if agg.kind == "latest":
+        names = agg.columns or tuple(n for n in records.fieldNames() if not n.startswith("_"))
+        missing = [n for n in names if n not in records.fieldNames()]
+        if missing:
+            raise DefinitionError(f"store {store.name!r} keeps columns {missing}, which its records lack")
+        return StructType([records[n] for n in names])
+    column = str(agg.column)
+    if column not in records.fieldNames():
+        raise DefinitionError(f"store {store.name!r} aggregates column {column!r}, which its records lack")
+    if agg.kind != "avg" and isinstance(records[column].dataType, IntegralType):
+        return LongType()
+    return DoubleType()
+
+
+def value_types(app: App, spark: SparkSession) -> dict[str, DataType]:
+    """Return the Spark type of the values of every store of app."""
+    types: dict[str, DataType] = {}
+    for topic in app.topics:
+        empty = spark.createDataFrame([], SCHEMA)
+        decoded = decode(empty, topic, value_schema(topic))
+        good = decoded.where(decoded["_error"].isNull())
+        for store in app.stores_of(topic.name):
+            types[store.name] = _aggregate_type(store, store_frame(good, store).schema)
+    return types
+
+
+def nullable(data_type: DataType, name: str = "value") -> StructField:
+    """Return a nullable field of data_type (helper for schema generators)."""
+    return StructField(name, data_type, True)
