@@ -5,6 +5,7 @@ The whole tree hangs off one root, so callers can catch every expected store fai
     StoreError
     ├── UnknownStoreError          no store of that name in the partition database
     ├── StoreNotReadyError         the partition is not queryable (created, restoring, closed)
+    │   └── StoreMigratedError         the partition is not hosted here (moved to another node)
     ├── InvalidKeyError            a key of the wrong type or out of range for the store's key codec
     ├── ValueFormatError           a stored value that cannot be decoded
     │   ├── CorruptValueError          the bytes are not a value of the known format
@@ -34,6 +35,13 @@ class StoreNotReadyError(StoreError):
         super().__init__(message)
         self.state = state
         self.retry_after_ms = retry_after_ms
+
+
+class StoreMigratedError(StoreNotReadyError):
+    """The partition that holds the key is not hosted by this node (it moved, or was never here)."""
+
+    def __init__(self, message: str, *, retry_after_ms: int = 1000) -> None:
+        super().__init__(message, state="MIGRATED", retry_after_ms=retry_after_ms)
 
 
 class InvalidKeyError(StoreError):

@@ -32,36 +32,57 @@ class KeyValueStore:
     def _entry(self, key: bytes, raw: bytes) -> tuple[Key, Any]:
         return self.codec.decode(key), self._finalize(decode_value(raw))
 
+    def _state_entry(self, key: bytes, raw: bytes) -> tuple[Key, Any]:
+        return self.codec.decode(key), decode_value(raw)
+
     def get(self, key: Key) -> Any:
         """Return the value of key, or None if it has none."""
         encoded = self.codec.encode(key)
         self.db.check_queryable()
         return self._value(self.db.family(self.name).get(encoded))
 
-    def multi_get(self, keys: Sequence[Key]) -> list[Any]:
-        """Return the values of keys in key order (None where missing), in one RocksDB multi-get."""
+    def multi_get(self, keys: Sequence[Key], *, states: bool = False) -> list[Any]:
+        """Return the values of keys in key order (None where missing), in one RocksDB multi-get.
+
+        With states=True, return the stored aggregation states (mergeable across partitions) instead.
+        """
         encoded = [self.codec.encode(k) for k in keys]
         self.db.check_queryable()
-        return [self._value(raw) for raw in self.db.multi_get(self.name, encoded)]
+        raws = self.db.multi_get(self.name, encoded)
+        if states:
+            return [None if raw is None else decode_value(raw) for raw in raws]
+        return [self._value(raw) for raw in raws]
 
     def range(
-        self, from_key: Key | None, to_key: Key | None, limit: int = DEFAULT_PAGE, after: str | None = None
+        self,
+        from_key: Key | None,
+        to_key: Key | None,
+        limit: int = DEFAULT_PAGE,
+        after: str | None = None,
+        *,
+        states: bool = False,
     ) -> Page[tuple[Key, Any]]:
         """Return entries with from_key <= key <= to_key (None: unbounded) in natural key order."""
         lower = None if from_key is None else self.codec.encode(from_key)
         upper = None if to_key is None else self.codec.encode(to_key)
         self.db.check_queryable()
-        return paginate(self.db.family(self.name), lower, inclusive_stop(upper), limit, after, self._entry)
+        entry = self._state_entry if states else self._entry
+        return paginate(self.db.family(self.name), lower, inclusive_stop(upper), limit, after, entry)
 
-    def prefix(self, prefix: str, limit: int = DEFAULT_PAGE, after: str | None = None) -> Page[tuple[Key, Any]]:
+    def prefix(
+        self, prefix: str, limit: int = DEFAULT_PAGE, after: str | None = None, *, states: bool = False
+    ) -> Page[tuple[Key, Any]]:
         """Return entries whose (string) key starts with prefix, in key order."""
         encoded = self.codec.encode_prefix(prefix)
         self.db.check_queryable()
-        return paginate(self.db.family(self.name), encoded, prefix_stop(encoded), limit, after, self._entry)
+        entry = self._state_entry if states else self._entry
+        return paginate(self.db.family(self.name), encoded, prefix_stop(encoded), limit, after, entry)
 
-    def all(self, limit: int = DEFAULT_PAGE, after: str | None = None) -> Page[tuple[Key, Any]]:
+    def all(
+        self, limit: int = DEFAULT_PAGE, after: str | None = None, *, states: bool = False
+    ) -> Page[tuple[Key, Any]]:
         """Return every entry, a page at a time, in key order."""
-        return self.range(None, None, limit, after)
+        return self.range(None, None, limit, after, states=states)
 
     def approximate_num_entries(self) -> int:
         """Return RocksDB's estimate of the number of keys (fast; may be off after deletes)."""

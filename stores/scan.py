@@ -74,15 +74,16 @@ def paginate(
     limit: int,
     after: str | None,
     convert: Callable[[bytes, bytes], Any],
+    keep: Callable[[bytes], bool] | None = None,
 ) -> Page[Any]:
-    """Return up to limit converted entries from start (or after the cursor) until stop."""
+    """Return up to limit converted entries from start (or after the cursor) until stop, skipping unkept keys."""
     if limit <= 0:
         raise ValueError(f"page size must be positive, got {limit}")
     seek, skip = resume_point(start, after)
     page: Page[Any] = Page()
     last: bytes | None = None
     for key, value in scan(family, seek, stop):
-        if key == skip:
+        if key == skip or (keep is not None and not keep(key)):
             continue
         if len(page.items) == limit:
             page.next_cursor = encode_cursor(last) if last is not None else None

@@ -72,19 +72,33 @@ class WindowStore:
         value = self.spec.aggregation.finalize(decode_value(raw))
         return WindowedValue(k, start, start + self.window.size_ms, value)
 
+    def _state_entry(self, key: bytes, raw: bytes) -> WindowedValue:
+        k, start = self.codec.decode_window_key(key)
+        return WindowedValue(k, start, start + self.window.size_ms, decode_value(raw))
+
     # -- reads --------------------------------------------------------------------------------
 
-    def fetch(self, key: Key, time_from: int, time_to: int) -> list[WindowedValue]:
-        """Return key's windows whose start is in [time_from, time_to], oldest first."""
+    def fetch(self, key: Key, time_from: int, time_to: int, *, states: bool = False) -> list[WindowedValue]:
+        """Return key's windows whose start is in [time_from, time_to], oldest first.
+
+        With states=True the values are the stored aggregation states (mergeable across partitions).
+        """
         prefix = self.codec.encode_window_prefix(key)
         self.db.check_queryable()
         time_from = max(time_from, self._expired_before(self.stream_time()))
         upper = prefix + encode_int64(time_to)
         found = scan(self.db.family(self.name), prefix + encode_int64(time_from), inclusive_stop(upper))
-        return [self._entry(k, v) for k, v in found]
+        entry = self._state_entry if states else self._entry
+        return [entry(k, v) for k, v in found]
 
     def fetch_all(
-        self, time_from: int, time_to: int, limit: int = DEFAULT_PAGE, after: str | None = None
+        self,
+        time_from: int,
+        time_to: int,
+        limit: int = DEFAULT_PAGE,
+        after: str | None = None,
+        *,
+        states: bool = False,
     ) -> Page[WindowedValue]:
         """Return every key's windows whose start is in [time_from, time_to], by start then key."""
         self.db.check_queryable()
@@ -93,11 +107,12 @@ class WindowStore:
             return Page()
         family = self.db.family(self.name)
         stop_at = encode_int64(time_to)
+        convert = self._state_entry if states else self._entry
 
         def entry(index_key: bytes, _: bytes) -> WindowedValue:
             window_key = index_key[8:]
             raw: bytes = family[window_key]  # type: ignore[assignment]
-            return self._entry(window_key, raw)
+            return convert(window_key, raw)
 
         lower = encode_int64(time_from)
         return paginate(self.db.family(self.index), lower, lambda k: k[:8] > stop_at, limit, after, entry)
@@ -110,24 +125,23 @@ class WindowStore:
         time_to: int,
         limit: int = DEFAULT_PAGE,
         after: str | None = None,
+        *,
+        states: bool = False,
     ) -> Page[WindowedValue]:
         """Return windows of keys in [from_key, to_key] with start in [time_from, time_to], by key then time."""
         lower = None if from_key is None else self.codec.encode_window_prefix(from_key)
         upper = None if to_key is None else self.codec.encode_window_prefix(to_key)
         self.db.check_queryable()
         time_from = max(time_from, self._expired_before(self.stream_time()))
-        page: Page[tuple[bytes, bytes]] = paginate(
+        low, high = encode_int64(time_from), encode_int64(time_to)
+        return paginate(
             self.db.family(self.name),
             lower,
             None if upper is None else (lambda k: k[:-8] > upper),
             limit,
             after,
-            lambda k, v: (k, v),
-        )
-        # Windows outside the time range are skipped after paging so that the cursor keeps its place.
-        return Page(
-            [self._entry(k, v) for k, v in page.items if time_from <= decode_int64(k[-8:]) <= time_to],
-            page.next_cursor,
+            self._state_entry if states else self._entry,
+            keep=lambda k: low <= k[-8:] <= high,
         )
 
     # -- writes -------------------------------------------------------------------------------
