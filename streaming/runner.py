@@ -44,6 +44,32 @@ class RunnerSettings:
     producer_config: Mapping[str, str] | None = None
     max_records_per_batch: int = 200_000
     trigger_interval: str = "0 seconds"
+    source: str = "iqkafka"  # or "kafka": Spark's JVM connector, where its jar is on the classpath
+
+    def __post_init__(self) -> None:
+        if self.source not in ("iqkafka", "kafka"):
+            raise ValueError(f"source must be 'iqkafka' (ours) or 'kafka' (Spark's JVM connector), not {self.source!r}")
+
+
+def source_options(
+    settings: RunnerSettings, topic: str, owned: list[int], starting: Mapping[int, int]
+) -> dict[str, str]:
+    """Return the reader options for the configured Kafka source over the owned partitions of topic."""
+    client = {**(settings.kafka_config or {}), "bootstrap.servers": settings.bootstrap_servers}
+    options = {f"kafka.{k}": str(v) for k, v in client.items()}
+    if settings.source == "kafka":
+        return options | {
+            "assign": json.dumps({topic: owned}),
+            "startingOffsets": json.dumps({topic: {str(p): starting[p] for p in owned}}),
+            "maxOffsetsPerTrigger": str(settings.max_records_per_batch),
+            "failOnDataLoss": "true",
+        }
+    return options | {
+        "topic": topic,
+        "partitions": ",".join(map(str, owned)),
+        "startingOffsets": json.dumps({str(p): starting[p] for p in owned}),
+        "maxRecordsPerBatch": str(settings.max_records_per_batch),
+    }
 
 
 @dataclass(frozen=True)
@@ -109,19 +135,12 @@ class StreamRunner:
 
     def _start_query(self, topic: str, owned: list[int]) -> StreamingQuery:
         stores = self.partitions[topic]
-        starting = {str(p): stores[p].db.next_offset() for p in owned}
+        starting = {p: stores[p].db.next_offset() for p in owned}
         sink = StoreSink(self.app, self.app.topic(topic), dict(stores), self._dead_letters(), self._committed(topic))
         checkpoint = Path(tempfile.mkdtemp(prefix=f"iqgraph-{self.app.name}-{topic}-"))
         self._checkpoints.append(checkpoint)
-        options = {f"kafka.{k}": v for k, v in self._client_config().items()}
-        reader = (
-            self.spark.readStream.format("iqkafka")
-            .options(**options)
-            .option("topic", topic)
-            .option("partitions", ",".join(map(str, owned)))
-            .option("startingOffsets", json.dumps(starting))
-            .option("maxRecordsPerBatch", str(self.settings.max_records_per_batch))
-        )
+        options = source_options(self.settings, topic, owned, starting)
+        reader = self.spark.readStream.format(self.settings.source).options(**options)
         log.info("starting query on %s partitions %s from offsets %s", topic, owned, starting)
         return (
             reader.load()

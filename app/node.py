@@ -1,0 +1,146 @@
+"""A node's lifecycle: state directory, Kafka check, Spark session, streaming queries, store queries.
+
+start() runs the steps in order and reports each through ``progress``; stop() undoes them (stop the
+queries, close RocksDB cleanly, stop Spark). Errors a user can fix surface as NodeStartError with one
+line that says what to do.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from app.local_queries import LocalStoreQueries, RetryPolicy
+from app.settings import Settings
+from stores import PartitionState, StateDirectory, StoreError
+from streaming.definitions import App, DefinitionError
+from streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
+from streaming.runner import RunnerSettings, StreamRunner
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+
+class NodeStartError(RuntimeError):
+    """The node cannot start; the message says what to fix."""
+
+
+class NodeState(enum.Enum):
+    """Where a node is in its life."""
+
+    CREATED = "CREATED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+
+
+class Node:
+    """One iqgraph node: it keeps its partitions' stores and answers queries over them."""
+
+    def __init__(self, settings: Settings, app: App, assignment: Mapping[str, Iterable[int]] | None = None) -> None:
+        self.settings = settings
+        self.app = app
+        self.bootstrap_servers = settings.bootstrap_servers or app.kafka.bootstrap_servers
+        self.assignment = assignment
+        self.state = NodeState.CREATED
+        self.spark: SparkSession | None = None
+        self.runner: StreamRunner | None = None
+        self.queries: LocalStoreQueries | None = None
+
+    def _client_config(self) -> dict[str, str]:
+        return {**self.app.kafka.config, **self.settings.kafka, "bootstrap.servers": self.bootstrap_servers}
+
+    def check_topics(self) -> dict[str, list[int]]:
+        """Return every topic's partitions; raise NodeStartError if Kafka or a topic is not as declared."""
+        found: dict[str, list[int]] = {}
+        for topic in self.app.topics:
+            config = {**self._client_config(), "socket.connection.setup.timeout.ms": "5000"}
+            try:
+                partitions = list(KafkaOffsets(config, topic.name, timeout=10).partitions())
+            except KafkaSourceError as exc:
+                raise NodeStartError(
+                    f"cannot read topic {topic.name!r} from Kafka at {self.bootstrap_servers}: {exc}. "
+                    "Check --bootstrap-servers and that the topic exists."
+                ) from None
+            if len(partitions) != topic.partitions:
+                raise NodeStartError(
+                    f"topic {topic.name!r} has {len(partitions)} partitions but the app declares {topic.partitions}; "
+                    "routing needs the real count: fix Topic(partitions=…) in the app"
+                )
+            found[topic.name] = partitions
+        return found
+
+    def start(self, progress: Progress = log.info) -> None:
+        """Start the node: open its stores, start Spark and the queries, and serve lookups."""
+        self.state = NodeState.STARTING
+        try:
+            state_dir = StateDirectory(self.settings.state_dir, self.app.name)
+        except StoreError as exc:
+            raise NodeStartError(str(exc)) from None
+        progress(f"checking Kafka at {self.bootstrap_servers}")
+        assignment = self.assignment or self.check_topics()
+        progress(f"starting Spark ({self.settings.spark_master}); this takes a few seconds")
+        started = time.monotonic()
+        self.spark = self._spark()
+        progress(f"Spark ready in {time.monotonic() - started:.1f} s; starting the streaming queries")
+        from streaming.value_types import value_types
+
+        types = value_types(self.app, self.spark)
+        self.runner = StreamRunner(self.app, self.spark, state_dir, self._runner_settings())
+        try:
+            self.runner.start(assignment)
+        except (StoreError, DefinitionError) as exc:
+            self.stop()
+            raise NodeStartError(str(exc)) from None
+        runner = self.runner
+        self.queries = LocalStoreQueries(
+            self.app,
+            types,
+            runner.partitions,
+            node_id=self.settings.node_id,
+            url=self.settings.url,
+            end_offsets=lambda topic, ps: runner.offsets(topic).latest(ps),
+            retry=RetryPolicy(deadline_ms=self.settings.not_ready_deadline_ms),
+            state=lambda: self.state.value,
+        )
+        self.state = NodeState.RUNNING
+
+    def _spark(self) -> SparkSession:
+        from streaming.session import build_spark_session
+
+        return build_spark_session(
+            self.settings.spark_master,
+            shuffle_partitions=self.settings.shuffle_partitions,
+            driver_memory=self.settings.driver_memory,
+            app_name=f"iqgraph-{self.app.name}-{self.settings.node_id}",
+        )
+
+    def _runner_settings(self) -> RunnerSettings:
+        return RunnerSettings(
+            self.bootstrap_servers,
+            kafka_config={**self.app.kafka.config, **self.settings.kafka},
+            max_records_per_batch=self.settings.max_records_per_batch,
+        )
+
+    def ready(self) -> bool:
+        """Return whether every hosted partition answers queries."""
+        if self.state is not NodeState.RUNNING or self.runner is None:
+            return False
+        hosted = [s for ps in self.runner.partitions.values() for s in ps.values()]
+        return all(s.db.state is PartitionState.RUNNING for s in hosted)
+
+    def stop(self) -> None:
+        """Stop the streaming queries, close every store cleanly, stop Spark."""
+        self.state = NodeState.STOPPING
+        if self.runner is not None:
+            self.runner.stop()
+        if self.spark is not None:
+            self.spark.stop()
+        self.state = NodeState.STOPPED

@@ -1,0 +1,80 @@
+"""Produce an app's generated events into its first topic, at a given rate (``iqgraph produce``)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from streaming.definitions import App, DefinitionError
+from streaming.partitioner import serialize_key
+
+log = logging.getLogger(__name__)
+
+#: Producer settings that send each record in its own request (needed by the embedded broker; see streaming.broker).
+ONE_RECORD_PER_REQUEST = {"linger.ms": "0", "batch.num.messages": "1"}
+
+
+def producer_config(app: App, bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Return the librdkafka producer settings for app, partitioning like the Java client (murmur2)."""
+    partitioner = "murmur2_random" if app.kafka.partitioner == "murmur2" else "consistent_random"
+    return {**app.kafka.config, **(extra or {}), "bootstrap.servers": bootstrap_servers, "partitioner": partitioner}
+
+
+def produce_events(
+    app: App,
+    config: Mapping[str, Any],
+    *,
+    count: int | None,
+    rate: float | None,
+    seed: int = 1,
+    start_ms: int | None = None,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> int:
+    """Produce count events (None: until stop is set) at about rate per second (None: as fast as possible)."""
+    if app.generator is None:
+        raise DefinitionError(f"app {app.name!r} has no event generator to produce from")
+    topic = app.topics[0]
+    producer = Producer(dict(config))
+    failures: list[KafkaError] = []
+
+    def delivered(error: KafkaError | None, _message: Message) -> None:
+        if error is not None:
+            failures.append(error)
+
+    events = app.generator(seed, start_ms if start_ms is not None else int(time.time() * 1000))
+    started = time.monotonic()
+    sent = 0
+    for key, value in itertools.islice(events, count):
+        if stop is not None and stop.is_set():
+            break
+        raw_key = None if key is None else serialize_key(key, topic.key_format)
+        _send(producer, topic.name, raw_key, orjson.dumps(value), delivered)
+        sent += 1
+        if rate:
+            ahead = sent / rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+        if on_progress is not None and sent % 1000 == 0:
+            on_progress(sent)
+    remaining = producer.flush(30)
+    if failures or remaining:
+        raise KafkaException(f"{len(failures)} events failed and {remaining} were not delivered: {failures[:3]}")
+    return sent
+
+
+def _send(producer: Producer, topic: str, key: bytes | None, value: bytes, delivered: Any) -> None:
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, on_delivery=delivered)
+            producer.poll(0)
+            return
+        except BufferError:
+            producer.poll(0.1)

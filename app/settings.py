@@ -1,0 +1,115 @@
+"""Node settings: frozen, typed, built once from flags, environment variables and an optional TOML file.
+
+Precedence: command-line flags, then ``IQGRAPH_*`` environment variables, then the TOML file
+(``--config`` or ``IQGRAPH_CONFIG``; keys as below, in a top-level table or under ``[iqgraph]``),
+then defaults. Every environment variable name lives in this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "IQGRAPH_"
+CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; the message says which one and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a node needs to run."""
+
+    app: str = ""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    state_dir: Path = Path("state")
+    bootstrap_servers: str | None = None
+    node_id: str = "node-0"
+    advertised_url: str | None = None
+    spark_master: str = "local[*]"
+    driver_memory: str = "1g"
+    shuffle_partitions: int = 2
+    max_records_per_batch: int = 200_000
+    max_keys: int = 1_000
+    max_page_size: int = 1_000
+    default_page_size: int = 100
+    not_ready_deadline_ms: int = 2_000
+    kafka: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        """Return the URL peers and clients reach this node at."""
+        return self.advertised_url or f"http://{self.host}:{self.port}"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise SettingsError(f"port {self.port} is out of range; use 1-65535 (--port / {ENV_PREFIX}PORT)")
+        for name in ("max_records_per_batch", "max_keys", "max_page_size", "default_page_size", "shuffle_partitions"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be positive (--{name.replace('_', '-')})")
+        if self.default_page_size > self.max_page_size:
+            raise SettingsError("default_page_size must not exceed max_page_size")
+
+
+def _convert(name: str, raw: Any, kind: Any) -> Any:
+    if kind in (int, "int"):
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+    if kind in (Path, "Path"):
+        return Path(str(raw))
+    if name == "kafka":
+        if not isinstance(raw, Mapping):
+            raise SettingsError("kafka must be a table of librdkafka settings, e.g. [iqgraph.kafka]")
+        return {str(k): str(v) for k, v in raw.items()}
+    return None if raw is None else str(raw)
+
+
+def _from_file(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SettingsError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
+    table = data.get("iqgraph", data)
+    return {k.replace("-", "_"): v for k, v in table.items()}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    known = {f.name for f in fields(Settings)}
+    values: dict[str, Any] = {}
+    for key, value in env.items():
+        if key.startswith(ENV_PREFIX) and key != CONFIG_ENV:
+            name = key[len(ENV_PREFIX) :].lower()
+            if name.startswith("kafka_"):
+                values.setdefault("kafka", {})[name[len("kafka_") :].replace("_", ".")] = value
+            elif name in known:
+                values[name] = value
+    return values
+
+
+def load_settings(
+    flags: Mapping[str, Any], env: Mapping[str, str] | None = None, config: Path | None = None
+) -> Settings:
+    """Return settings from flags (None = not given), environment and config file, validated."""
+    env = os.environ if env is None else env
+    config = config or (Path(env[CONFIG_ENV]) if env.get(CONFIG_ENV) else None)
+    merged: dict[str, Any] = {**_from_file(config), **_from_env(env)}
+    merged |= {k: v for k, v in flags.items() if v is not None}
+    kinds = {f.name: f.type for f in fields(Settings)}
+    unknown = sorted(set(merged) - set(kinds))
+    if unknown:
+        raise SettingsError(f"unknown settings {unknown}; known: {sorted(kinds)}")
+    return dataclasses.replace(Settings(), **{k: _convert(k, v, kinds[k]) for k, v in merged.items()})
