@@ -1,26 +1,136 @@
-"""The `iqgraph` command line."""
+"""The ``iqgraph`` command line: serve, demo, schema, produce.
+
+Every command turns the errors a user can fix into one line on stderr and exit code 2 — never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from app.loading import AppLoadError, load_app
+from app.settings import Settings, SettingsError, load_settings
+from stores import StoreError
+from streaming.definitions import DefinitionError
+
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    AppLoadError,
+    SettingsError,
+    DefinitionError,
+    StoreError,
+    KafkaException,
+)
+
+
+def _node_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--app", help="the app to run, as package.module:attribute (e.g. examples.shop:app)")
+    parser.add_argument("--config", type=Path, help="a TOML settings file")
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 8000)")
+    parser.add_argument("--state-dir", type=Path, help="where the node keeps its RocksDB stores (default ./state)")
+    parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the app's)")
+    parser.add_argument("--node-id", help="this node's id (default node-0)")
+    parser.add_argument("--advertised-url", help="the URL clients and peers reach this node at")
+    parser.add_argument("--spark-master", help="Spark master (default local[*])")
+    parser.add_argument("--driver-memory", help="Spark driver memory (default 1g)")
+    parser.add_argument("--max-records-per-batch", type=int, help="records per micro-batch at most")
+    parser.add_argument("--max-keys", type=int, help="keys per getMany at most (default 1000)")
+    parser.add_argument("--max-page-size", type=int, help="page size at most (default 1000)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Return the argument parser of the `iqgraph` command."""
-    parser = argparse.ArgumentParser(prog="iqgraph", description=__doc__)
+    """Return the argument parser of the ``iqgraph`` command."""
+    parser = argparse.ArgumentParser(prog="iqgraph", description="GraphQL interactive queries over PySpark state.")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("demo", help="run the demo: broker, generator, one node, GraphiQL")
+    serve = commands.add_parser("serve", help="run a node: its streaming queries and the GraphQL API")
+    _node_flags(serve)
+    demo = commands.add_parser("demo", help="embedded broker + generated shop orders + one node, with GraphiQL")
+    demo.add_argument("--port", type=int, default=8000, help="GraphQL port (default 8000)")
+    demo.add_argument("--state-dir", type=Path, help="where to keep the stores (default: a temporary directory)")
+    demo.add_argument("--rate", type=float, default=200.0, help="orders produced per second (default 200)")
+    demo.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: Ctrl-C)")
+    schema = commands.add_parser("schema", help="print the GraphQL SDL of an app (for codegen)")
+    schema.add_argument("--app", required=True, help="package.module:attribute")
+    produce = commands.add_parser("produce", help="produce an app's generated events into its topic")
+    produce.add_argument("--app", required=True, help="package.module:attribute")
+    produce.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the app's)")
+    produce.add_argument("--count", type=int, help="how many events (default: until Ctrl-C)")
+    produce.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
+    produce.add_argument("--seed", type=int, default=1, help="generator seed (same seed, same events)")
+    produce.add_argument("--start-ms", type=int, help="event time of the first event (default: now)")
+    produce.add_argument(
+        "--one-record-per-request", action="store_true", help="needed by the embedded (Tansu) broker"
+    )
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _settings(args: argparse.Namespace) -> Settings:
+    flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
+    settings = load_settings(flags, config=args.config)
+    if not settings.app:
+        raise SettingsError("no app to run: pass --app package.module:attribute (or set IQGRAPH_APP)")
+    return settings
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        from app.server import serve
+
+        settings = _settings(args)
+        return serve(settings, load_app(settings.app))
+    if args.command == "demo":
+        from app.demo import run_demo
+
+        return run_demo(port=args.port, state_dir=args.state_dir, rate=args.rate, duration=args.duration)
+    if args.command == "schema":
+        from app.server import print_schema
+
+        return print_schema(load_app(args.app))
+    return _produce(args)
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from app.producer import ONE_RECORD_PER_REQUEST, produce_events, producer_config
+
+    app = load_app(args.app)
+    extra = ONE_RECORD_PER_REQUEST if args.one_record_per_request else None
+    config = producer_config(app, args.bootstrap_servers or app.kafka.bootstrap_servers, extra)
+    try:
+        sent = produce_events(app, config, count=args.count, rate=args.rate, seed=args.seed, start_ms=args.start_ms)
+    except KeyboardInterrupt:
+        return 0
+    print(f"produced {sent} events into {app.topics[0].name}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the process exit code."""
     args = build_parser().parse_args(argv)
-    if args.command == "demo":
-        print("iqgraph demo: the streaming and GraphQL layers are not built yet; nothing to run.")
-        return 0
-    return 2
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return _run(args)
+    except USER_ERRORS as exc:
+        print(f"iqgraph: error: {exc}", file=sys.stderr)
+        return 2
+    except _node_errors() as exc:
+        print(f"iqgraph: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _node_errors() -> tuple[type[BaseException], ...]:
+    from app.node import NodeStartError
+
+    return (NodeStartError,)
 
 
 if __name__ == "__main__":

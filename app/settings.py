@@ -42,6 +42,7 @@ class Settings:
     max_page_size: int = 1_000
     default_page_size: int = 100
     not_ready_deadline_ms: int = 2_000
+    raw_endpoint: bool = False
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -65,6 +66,12 @@ def _convert(name: str, raw: Any, kind: Any) -> Any:
             return int(raw)
         except (TypeError, ValueError):
             raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+    if kind in (bool, "bool"):
+        if isinstance(raw, bool):
+            return raw
+        if str(raw).lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise SettingsError(f"{name} must be true or false, got {raw!r}")
+        return str(raw).lower() in ("1", "true", "yes")
     if kind in (Path, "Path"):
         return Path(str(raw))
     if name == "kafka":

@@ -1,0 +1,85 @@
+"""``iqgraph demo``: the embedded broker, the shop example's orders produced continuously, one node.
+
+It prints the GraphiQL URL and example queries to paste; Ctrl-C (or --duration) stops everything.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+
+from app.node import Node
+from app.producer import ONE_RECORD_PER_REQUEST, produce_events, producer_config
+from app.server import build_asgi, graphql_app
+from app.settings import Settings
+from examples.shop import build_app
+from streaming.broker import EmbeddedBroker
+from streaming.definitions import KafkaSettings
+
+HISTORY = 3_000  # orders produced before the node starts, so that the first queries find data
+EXAMPLE_QUERIES = """\
+# 1. What do we know about one customer? (point lookups, batched into one multi-get per store)
+{ orderCount { get(key: "customer-0001") } totalSpend { get(key: "customer-0001") }
+  latestOrder { get(key: "customer-0001") { orderId item amount ts } } }
+
+# 2. Orders per minute for a customer, and a page of customers in key order
+{ ordersPerMinute { fetch(key: "customer-0001", from: "2020-01-01T00:00:00Z", to: "2100-01-01T00:00:00Z")
+    { start end value } }
+  orderCount { range(from: "customer-0000", to: "customer-0099", first: 5) { edges { node { key value } }
+    pageInfo { hasNextPage endCursor } } } }
+
+# 3. Has this item been sold? And where does a key live, in Kafka Streams' nouns
+{ itemsSold { mightContain(key: "widget") falsePositiveRate }
+  keyMetadata(store: "orderCount", key: "customer-0001") { partition activeNode }
+  node { id state partitions { partition state lag } } }
+"""
+
+
+def run_demo(*, port: int, state_dir: Path | None, rate: float, duration: float) -> int:
+    """Run the demo until Ctrl-C or duration seconds; return the exit code."""
+    with EmbeddedBroker() as broker:
+        app = build_app(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
+        broker.create_topics({app.topics[0].name: app.topics[0].partitions})
+        config = producer_config(app, broker.bootstrap_servers, ONE_RECORD_PER_REQUEST)
+        print(f"iqgraph demo: broker at {broker.bootstrap_servers}; producing {HISTORY} orders of history", flush=True)
+        start_ms = int(time.time() * 1000) - HISTORY * 20
+        produce_events(app, config, count=HISTORY, rate=None, seed=7, start_ms=start_ms)
+        stop = threading.Event()
+        producer = threading.Thread(
+            target=produce_events,
+            args=(app, config),
+            kwargs={"count": None, "rate": rate, "seed": 8, "stop": stop},
+            name="demo-producer",
+            daemon=True,
+        )
+        directory = state_dir or Path(tempfile.mkdtemp(prefix="iqgraph-demo-"))
+        settings = Settings(
+            app="examples.shop:app", port=port, state_dir=directory, bootstrap_servers=broker.bootstrap_servers,
+            spark_master="local[2]", max_records_per_batch=20_000,
+        )
+        node = Node(settings, app)
+        node.start(progress=lambda message: print(f"iqgraph demo: {message}", flush=True))
+        producer.start()
+        try:
+            _serve(node, port, duration)
+        finally:
+            stop.set()
+            producer.join(timeout=10)
+            node.stop()
+    return 0
+
+
+def _serve(node: Node, port: int, duration: float) -> None:
+    server = uvicorn.Server(
+        uvicorn.Config(build_asgi(node, graphql_app(node)), host="127.0.0.1", port=port, log_level="warning")
+    )
+    print(f"\niqgraph demo: GraphiQL at http://127.0.0.1:{port}/graphql — paste one of these:\n", flush=True)
+    print(EXAMPLE_QUERIES, flush=True)
+    print("Ctrl-C stops the demo.", flush=True)
+    if duration > 0:
+        threading.Timer(duration, lambda: setattr(server, "should_exit", True)).start()
+    server.run()

@@ -1,0 +1,109 @@
+"""The node's ASGI server: /graphql (POST, GET, GraphiQL), /healthz, /readyz, run by uvicorn.
+
+Graceful shutdown: uvicorn stops accepting connections and lets in-flight requests finish; then the node
+stops its streaming queries, closes RocksDB and stops Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from app.node import Node
+from app.settings import Settings
+
+if TYPE_CHECKING:
+    from streaming.definitions import App
+
+log = logging.getLogger(__name__)
+
+
+def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Starlette:
+    """Return the ASGI app of a started node, serving graphql at /graphql."""
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "alive", "node": node.settings.node_id})
+
+    async def readyz(_: Request) -> Response:
+        ready = node.ready()
+        partitions = [] if node.queries is None else node.queries.node().partitions
+        body = {
+            "ready": ready,
+            "state": node.state.value,
+            "partitions": [{"topic": p.topic, "partition": p.partition, "state": p.state} for p in partitions],
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/graphql", graphql, methods=["GET", "POST"]),
+    ]
+    if raw_endpoint:
+        routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
+    return Starlette(routes=routes)
+
+
+def _raw_lookup(node: Node) -> Any:
+    """Return an endpoint doing a point lookup as plain JSON (the benchmark's ceiling)."""
+
+    async def lookup(request: Request) -> Response:
+        assert node.queries is not None  # noqa: S101 - started before serving
+        store, key = request.path_params["store"], request.path_params["key"]
+        [value] = await node.queries.get_many(store, [key])
+        if isinstance(value, Exception):
+            return JSONResponse({"error": str(value)}, status_code=503)
+        return JSONResponse({"key": key, "value": value})
+
+    return lookup
+
+
+def graphql_app(node: Node) -> Any:
+    """Return the Strawberry ASGI app answering the node's store queries."""
+    from schema import GraphQLApp, Limits, build_schema
+
+    assert node.queries is not None  # noqa: S101 - started before serving
+    settings = node.settings
+    limits = Limits(
+        max_keys=settings.max_keys, max_page_size=settings.max_page_size, default_page_size=settings.default_page_size
+    )
+    return GraphQLApp(build_schema(node.queries.stores(), limits), node.queries, limits)
+
+
+def serve(settings: Settings, app: App) -> int:
+    """Run a node until interrupted; return the exit code."""
+    node = Node(settings, app)
+    node.start(progress=lambda message: print(f"iqgraph: {message}", flush=True))
+    try:
+        asgi = build_asgi(node, graphql_app(node), raw_endpoint=settings.raw_endpoint)
+        print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)
+        config = uvicorn.Config(
+            asgi, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=10
+        )
+        uvicorn.Server(config).run()
+    finally:
+        node.stop()
+    return 0
+
+
+def print_schema(app: App) -> int:
+    """Print the SDL of app's schema (value types need a brief local Spark session)."""
+    from app.local_queries import LocalStoreQueries
+    from schema import Limits, build_schema
+    from streaming.session import build_spark_session
+    from streaming.value_types import value_types
+
+    spark = build_spark_session("local[1]", app_name="iqgraph-schema", log_level="ERROR")
+    try:
+        queries = LocalStoreQueries(app, value_types(app, spark), {})
+    finally:
+        spark.stop()
+    sys.stdout.write(build_schema(queries.stores(), Limits()).as_str() + "\n")
+    return 0
