@@ -65,9 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
     produce.add_argument("--seed", type=int, default=1, help="generator seed (same seed, same events)")
     produce.add_argument("--start-ms", type=int, help="event time of the first event (default: now)")
-    produce.add_argument(
-        "--one-record-per-request", action="store_true", help="needed by the embedded (Tansu) broker"
-    )
+    produce.add_argument("--one-record-per-request", action="store_true", help="needed by the embedded (Tansu) broker")
     return parser
 
 

@@ -58,8 +58,12 @@ def run_demo(*, port: int, state_dir: Path | None, rate: float, duration: float)
         )
         directory = state_dir or Path(tempfile.mkdtemp(prefix="iqgraph-demo-"))
         settings = Settings(
-            app="examples.shop:app", port=port, state_dir=directory, bootstrap_servers=broker.bootstrap_servers,
-            spark_master="local[2]", max_records_per_batch=20_000,
+            app="examples.shop:app",
+            port=port,
+            state_dir=directory,
+            bootstrap_servers=broker.bootstrap_servers,
+            spark_master="local[2]",
+            max_records_per_batch=20_000,
         )
         node = Node(settings, app)
         node.start(progress=lambda message: print(f"iqgraph demo: {message}", flush=True))

@@ -63,7 +63,7 @@ class Node:
         for topic in self.app.topics:
             config = {**self._client_config(), "socket.connection.setup.timeout.ms": "5000"}
             try:
-                partitions = list(KafkaOffsets(config, topic.name, timeout=10).partitions())
+                partitions = list(KafkaOffsets(config, topic.name, timeout=5).partitions())
             except KafkaSourceError as exc:
                 raise NodeStartError(
                     f"cannot read topic {topic.name!r} from Kafka at {self.bootstrap_servers}: {exc}. "
@@ -86,6 +86,12 @@ class Node:
             raise NodeStartError(str(exc)) from None
         progress(f"checking Kafka at {self.bootstrap_servers}")
         assignment = self.assignment or self.check_topics()
+        try:
+            for topic, partitions in assignment.items():
+                for partition in partitions:
+                    state_dir.check_unlocked(topic, partition)
+        except StoreError as exc:
+            raise NodeStartError(str(exc)) from None
         progress(f"starting Spark ({self.settings.spark_master}); this takes a few seconds")
         started = time.monotonic()
         self.spark = self._spark()

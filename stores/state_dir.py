@@ -6,6 +6,7 @@ Layout: ``<root>/.iqgraph-state`` (a marker naming the application) and ``<root>
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from stores.bloom import BloomStore
-from stores.exceptions import StateDirError
+from stores.exceptions import StateDirError, StateDirLockedError
 from stores.kv import KeyValueStore
 from stores.partition import PartitionDB
 from stores.spec import StoreKind, StoreSpec
@@ -114,6 +115,20 @@ class StateDirectory:
         """Return the topic-partitions that have a database here, sorted."""
         found = (_PARTITION_DIR.match(p.name) for p in self.root.iterdir() if p.is_dir())
         return sorted((m["topic"], int(m["partition"])) for m in found if m)
+
+    def check_unlocked(self, topic: str, partition: int) -> None:
+        """Raise StateDirLockedError if another process holds the database of topic-partition open."""
+        lock = self.partition_path(topic, partition) / "LOCK"
+        if not lock.exists():
+            return
+        with lock.open("rb+") as handle:
+            try:
+                fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise StateDirLockedError(
+                    f"{lock.parent} is in use by another process; stop it or give this node another --state-dir"
+                ) from None
+            fcntl.lockf(handle, fcntl.LOCK_UN)
 
     def open(self, topic: str, partition: int, specs: Sequence[StoreSpec]) -> PartitionStores:
         """Open (creating if needed) the database of topic-partition with the given stores."""

@@ -1,0 +1,161 @@
+"""GraphQL errors: every error carries ``extensions.code``; unexpected ones are masked and logged.
+
+Expected failures are ApiErrors, most of them translated from the stores exception tree::
+
+    StoreError (stores.exceptions)       extensions.code
+    ├── StoreNotReadyError               STORE_NOT_READY   + retryAfterMs, state
+    │   └── StoreMigratedError           STORE_MIGRATED    + retryAfterMs, state ("MIGRATED")
+    ├── UnknownStoreError                UNKNOWN_STORE
+    ├── InvalidKeyError                  INVALID_KEY
+    ├── InvalidCursorError               INVALID_CURSOR
+    ├── ValueFormatError (and subs)      VALUE_FORMAT_ERROR
+    └── anything else                    INTERNAL (masked: a read should never meet it)
+
+    raised by this package               LIMIT_EXCEEDED    + limit, requested
+                                         INVALID_ARGUMENT  + argument
+
+Errors found before execution keep graphql-core's message and get ``GRAPHQL_PARSE_FAILED`` (syntax)
+or ``GRAPHQL_VALIDATION_FAILED`` (unknown field, wrong argument type, bad variable…). Any other
+exception raised while resolving becomes ``{"message": "Internal error…", "extensions": {"code":
+"INTERNAL"}}``: no message, no traceback reaches the client; the original is logged with its traceback.
+A StoreQueries implementation may raise ApiError itself (e.g. the app's NOT_OWNER): it passes through.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from graphql import GraphQLError, GraphQLSyntaxError
+from strawberry.extensions import MaskErrors
+
+from schema.scalars import InvalidScalarValue
+from stores import (
+    InvalidCursorError,
+    InvalidKeyError,
+    StoreError,
+    StoreMigratedError,
+    StoreNotReadyError,
+    UnknownStoreError,
+    ValueFormatError,
+)
+
+log = logging.getLogger(__name__)
+
+STORE_NOT_READY = "STORE_NOT_READY"
+STORE_MIGRATED = "STORE_MIGRATED"
+UNKNOWN_STORE = "UNKNOWN_STORE"
+INVALID_KEY = "INVALID_KEY"
+INVALID_CURSOR = "INVALID_CURSOR"
+VALUE_FORMAT_ERROR = "VALUE_FORMAT_ERROR"
+LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+INTERNAL = "INTERNAL"
+GRAPHQL_PARSE_FAILED = "GRAPHQL_PARSE_FAILED"
+GRAPHQL_VALIDATION_FAILED = "GRAPHQL_VALIDATION_FAILED"
+INTERNAL_MESSAGE = "Internal error; the server has logged the details."
+
+_CODES: tuple[tuple[type[StoreError], str], ...] = (
+    (StoreMigratedError, STORE_MIGRATED),
+    (StoreNotReadyError, STORE_NOT_READY),
+    (UnknownStoreError, UNKNOWN_STORE),
+    (InvalidKeyError, INVALID_KEY),
+    (InvalidCursorError, INVALID_CURSOR),
+    (ValueFormatError, VALUE_FORMAT_ERROR),
+)
+
+
+class ApiError(GraphQLError):
+    """An expected failure, shown to the client with its message and ``extensions.code``."""
+
+    def __init__(self, message: str, code: str, **extensions: Any) -> None:
+        super().__init__(message, extensions={"code": code, **extensions})
+
+    @property
+    def code(self) -> str:
+        """Return the error's extensions.code."""
+        return str((self.extensions or {})["code"])
+
+
+def api_error(exc: Exception) -> Exception:
+    """Return the ApiError an expected store failure becomes; any other exception unchanged."""
+    if isinstance(exc, ApiError) or not isinstance(exc, StoreError):
+        return exc
+    for kind, code in _CODES:
+        if isinstance(exc, kind):
+            if isinstance(exc, StoreNotReadyError):
+                return ApiError(str(exc), code, retryAfterMs=exc.retry_after_ms, state=exc.state)
+            return ApiError(str(exc), code)
+    return exc
+
+
+@contextmanager
+def store_errors() -> Iterator[None]:
+    """Raise expected store failures inside the block as ApiErrors."""
+    try:
+        yield
+    except StoreError as exc:
+        translated = api_error(exc)
+        if translated is exc:
+            raise
+        raise translated from exc
+
+
+def limit_exceeded(what: str, limit: int, requested: int) -> ApiError:
+    """Return the error for a request over a configured limit."""
+    return ApiError(f"{what}: {requested} requested, at most {limit} allowed", LIMIT_EXCEEDED, limit=limit, requested=requested)
+
+
+def invalid_argument(argument: str, message: str) -> ApiError:
+    """Return the error for an argument value that the field cannot serve."""
+    return ApiError(f"{argument}: {message}", INVALID_ARGUMENT, argument=argument)
+
+
+def is_unexpected(error: GraphQLError) -> bool:
+    """Return whether error comes from a failure the API does not expect (a bug, an unmapped exception)."""
+    original = error.original_error
+    if isinstance(original, ApiError):
+        return False
+    if error.path is not None:  # raised while resolving, and not an ApiError
+        return True
+    return original is not None and not isinstance(original, GraphQLError | InvalidScalarValue)
+
+
+def _code(error: GraphQLError) -> str | None:
+    code = (error.extensions or {}).get("code")
+    return code if isinstance(code, str) else None
+
+
+def _needs_rewrite(error: GraphQLError) -> bool:
+    return is_unexpected(error) or _code(error) is None
+
+
+def _rewrite(error: GraphQLError) -> GraphQLError:
+    if is_unexpected(error):
+        return GraphQLError(INTERNAL_MESSAGE, error.nodes, error.source, error.positions, error.path, None, {"code": INTERNAL})
+    code = GRAPHQL_PARSE_FAILED if isinstance(error, GraphQLSyntaxError) else GRAPHQL_VALIDATION_FAILED
+    extensions = {**(error.extensions or {}), "code": code}
+    return GraphQLError(error.message, error.nodes, error.source, error.positions, error.path, error.original_error, extensions)
+
+
+class ErrorCodes(MaskErrors):
+    """Give every error an ``extensions.code``; replace unexpected errors by a generic INTERNAL one."""
+
+    def __init__(self) -> None:
+        super().__init__(should_mask_error=_needs_rewrite, error_message=INTERNAL_MESSAGE)
+
+    def anonymise_error(self, error: GraphQLError) -> GraphQLError:
+        """Return error with a code, masked if unexpected."""
+        return _rewrite(error)
+
+
+def log_errors(errors: Iterable[GraphQLError]) -> None:
+    """Log each error of a request: unexpected ones with their traceback, the others briefly."""
+    for error in errors:
+        if is_unexpected(error):
+            path = ".".join(str(p) for p in error.path or ()) or "(request)"
+            log.error("unexpected error at %s: %s", path, error.message, exc_info=error.original_error)
+        else:
+            log.debug("%s: %s", _code(error) or "GRAPHQL_ERROR", error.message)

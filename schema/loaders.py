@@ -1,0 +1,60 @@
+"""Per-request DataLoaders, one per store: point reads of one request go out as one batch per store.
+
+A request's ``get``, ``getMany``, ``fetch``, ``mightContain`` and ``mightContainMany`` fields all load
+through their store's loader, so N such fields make one StoreQueries call per store (which routes the
+keys to partitions and owners). Loaders live in the request context (made by the context getter), never
+at module level: their cache is the request's, and a value is never served from another request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from aiodataloader import DataLoader
+
+from schema.errors import api_error
+from stores import Key, StoreError
+
+if TYPE_CHECKING:
+    from schema.types import StoreQueries
+
+#: (key, time_from, time_to) of a window fetch, in epoch milliseconds.
+WindowRequest = tuple[Key, int, int]
+BatchRead = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
+
+
+async def load_batch(read: BatchRead, store: str, keys: list[Any]) -> list[Any]:
+    """Return one result per key, in key order: the value, or the API error in place of a failed key."""
+    try:
+        results = await read(store, keys)
+    except StoreError as exc:  # the whole batch failed the same way: every key reports it
+        return [api_error(exc) for _ in keys]
+    return [api_error(r) if isinstance(r, Exception) else r for r in results]
+
+
+class Loaders:
+    """The DataLoaders of one request, made on first use (inside the running event loop)."""
+
+    def __init__(self, queries: StoreQueries) -> None:
+        self._queries = queries
+        self._loaders: dict[str, DataLoader[Any, Any]] = {}
+
+    def _loader(self, store: str, read: BatchRead) -> DataLoader[Any, Any]:
+        loader = self._loaders.get(store)
+        if loader is None:
+            loader = self._loaders[store] = DataLoader(partial(load_batch, read, store))
+        return loader
+
+    def values(self, store: str) -> DataLoader[Key, Any]:
+        """Return the loader of a key-value store's values (batched into get_many)."""
+        return self._loader(store, self._queries.get_many)
+
+    def windows(self, store: str) -> DataLoader[WindowRequest, Any]:
+        """Return the loader of a window store's fetches (batched into fetch_many)."""
+        return self._loader(store, self._queries.fetch_many)
+
+    def membership(self, store: str) -> DataLoader[Key, Any]:
+        """Return the loader of a bloom store's lookups (batched into might_contain_many)."""
+        return self._loader(store, self._queries.might_contain_many)

@@ -1,0 +1,147 @@
+"""The command line: clear one-line errors for what a user can fix, and `produce` into a real broker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from streaming.broker import EmbeddedBroker
+from tests.conftest import MakeTopic
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def iqgraph(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("iqgraph: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_a_bad_app_path_is_one_clear_line(tmp_path: Path) -> None:
+    assert_one_line_error(iqgraph("serve", "--app", "nowhere.module:app"), "cannot import module 'nowhere.module'")
+    assert_one_line_error(iqgraph("serve", "--app", "examples.shop"), "package.module:attribute")
+    assert_one_line_error(iqgraph("serve", "--app", "examples.shop:ITEMS"), "not an iqgraph App")
+    assert_one_line_error(iqgraph("serve"), "--app")
+
+
+def test_bad_settings_say_what_to_fix(tmp_path: Path) -> None:
+    assert_one_line_error(iqgraph("serve", "--app", "examples.shop:app", "--port", "70000"), "port 70000")
+    config = tmp_path / "node.toml"
+    config.write_text("[iqgraph]\nport = 'eight'\n")
+    assert_one_line_error(iqgraph("serve", "--app", "examples.shop:app", "--config", str(config)), "port")
+    assert_one_line_error(iqgraph("serve", "--app", "examples.shop:app", env={"IQGRAPH_MAX_KEYS": "-3"}), "max_keys")
+
+
+def test_an_unreachable_broker_is_one_clear_line(tmp_path: Path) -> None:
+    result = iqgraph(
+        "serve",
+        "--app",
+        "examples.shop:app",
+        "--bootstrap-servers",
+        "127.0.0.1:9",
+        "--state-dir",
+        str(tmp_path / "state"),
+    )
+    assert_one_line_error(result, "127.0.0.1:9", "--bootstrap-servers")
+
+
+def test_a_state_dir_that_is_not_ours_is_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("do not touch")
+    result = iqgraph("serve", "--app", "examples.shop:app", "--state-dir", str(tmp_path))
+    assert_one_line_error(result, "not an iqgraph state directory")
+
+
+def test_a_locked_state_dir_is_one_clear_line(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path) -> None:
+    topic = make_topic(2, prefix="orders")
+    module = tmp_path / "lockapp.py"
+    module.write_text(
+        textwrap.dedent(f"""
+        from examples.shop import build_app
+        from streaming.definitions import KafkaSettings
+        app = build_app({topic!r}, 2, KafkaSettings(bootstrap_servers={broker.bootstrap_servers!r}))
+    """)
+    )
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            import sys, time
+            from stores import StateDirectory
+            from lockapp import app
+            held = StateDirectory({str(tmp_path / "state")!r}, 'shop').open({topic!r}, 1, app.specs({topic!r}))
+            print('holding', flush=True)
+            time.sleep(60)
+        """),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        result = iqgraph(
+            "serve",
+            "--app",
+            "lockapp:app",
+            "--state-dir",
+            str(tmp_path / "state"),
+            cwd=tmp_path,
+            env={"PYTHONPATH": f"{ROOT}:{tmp_path}"},
+        )
+        assert_one_line_error(result, "in use by another process")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_produce_sends_count_generated_events(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path) -> None:
+    topic = make_topic(3, prefix="orders")
+    (tmp_path / "prodapp.py").write_text(f"from examples.shop import build_app\napp = build_app({topic!r}, 3)\n")
+    result = iqgraph(
+        "produce",
+        "--app",
+        "prodapp:app",
+        "--count",
+        "250",
+        "--seed",
+        "3",
+        "--one-record-per-request",
+        "--bootstrap-servers",
+        broker.bootstrap_servers,
+        cwd=tmp_path,
+        env={"PYTHONPATH": f"{ROOT}:{tmp_path}"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"produced 250 events into {topic}" in result.stdout
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"g-{topic}"})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
+    seen = 0
+    try:
+        for _ in range(40):
+            seen += sum(1 for m in consumer.consume(500, timeout=0.5) if m.error() is None)
+            if seen >= 250:
+                break
+    finally:
+        consumer.close()
+    assert seen == 250
