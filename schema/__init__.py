@@ -1,1 +1,33 @@
-"""iqgraph.schema."""
+"""iqgraph.schema: the GraphQL schema of an app, generated from its stores.
+
+``build_schema(stores, limits)`` makes the Strawberry schema; ``context_getter(queries, limits)`` makes
+each request's context (the node's StoreQueries and fresh DataLoaders); ``GraphQLApp`` serves both over
+ASGI. Naming conventions: see ``schema.builder``; errors and their codes: see ``schema.errors``.
+"""
+
+from schema.asgi import GraphQLApp
+from schema.builder import IqGraphSchema, SchemaDefinitionError, build_schema
+from schema.context import Context, ContextGetter, context_getter
+from schema.errors import ApiError
+from schema.limits import Limits
+from schema.scalars import DateTime, Long
+from schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, StoreInfo, StoreQueries
+
+__all__ = [
+    "ApiError",
+    "Context",
+    "ContextGetter",
+    "DateTime",
+    "GraphQLApp",
+    "IqGraphSchema",
+    "KeyQueryMetadata",
+    "Limits",
+    "Long",
+    "NodeInfo",
+    "PartitionInfo",
+    "SchemaDefinitionError",
+    "StoreInfo",
+    "StoreQueries",
+    "build_schema",
+    "context_getter",
+]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import strawberry
 from strawberry.types.field import StrawberryField
@@ -76,3 +76,13 @@ def resolver_with(fn: Callable[..., Any], args: Sequence[Arg], returns: Any) -> 
     annotations["return"] = returns
     fn.__annotations__ = annotations
     return fn
+
+
+def list_of(item: Any) -> Any:
+    """Return the annotation ``list[item]`` for an item type known only at run time."""
+    return list[item]
+
+
+def optional(item: Any) -> Any:
+    """Return the annotation ``Optional[item]`` (a nullable GraphQL type) for a run-time type."""
+    return Optional[item]  # noqa: UP045

@@ -105,7 +105,9 @@ def store_errors() -> Iterator[None]:
 
 def limit_exceeded(what: str, limit: int, requested: int) -> ApiError:
     """Return the error for a request over a configured limit."""
-    return ApiError(f"{what}: {requested} requested, at most {limit} allowed", LIMIT_EXCEEDED, limit=limit, requested=requested)
+    return ApiError(
+        f"{what}: {requested} requested, at most {limit} allowed", LIMIT_EXCEEDED, limit=limit, requested=requested
+    )
 
 
 def invalid_argument(argument: str, message: str) -> ApiError:
@@ -134,10 +136,19 @@ def _needs_rewrite(error: GraphQLError) -> bool:
 
 def _rewrite(error: GraphQLError) -> GraphQLError:
     if is_unexpected(error):
-        return GraphQLError(INTERNAL_MESSAGE, error.nodes, error.source, error.positions, error.path, None, {"code": INTERNAL})
+        return GraphQLError(
+            INTERNAL_MESSAGE, error.nodes, error.source, error.positions, error.path, None, {"code": INTERNAL}
+        )
     code = GRAPHQL_PARSE_FAILED if isinstance(error, GraphQLSyntaxError) else GRAPHQL_VALIDATION_FAILED
     extensions = {**(error.extensions or {}), "code": code}
-    return GraphQLError(error.message, error.nodes, error.source, error.positions, error.path, error.original_error, extensions)
+    return GraphQLError(
+        error.message, error.nodes, error.source, error.positions, error.path, error.original_error, extensions
+    )
+
+
+def with_codes(errors: Iterable[GraphQLError]) -> list[GraphQLError]:
+    """Return errors each with a code, the unexpected ones masked (applying it twice changes nothing)."""
+    return [_rewrite(e) if _needs_rewrite(e) else e for e in errors]
 
 
 class ErrorCodes(MaskErrors):

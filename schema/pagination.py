@@ -20,12 +20,12 @@ from typing import Any, Generic, TypeVar
 import orjson
 import strawberry
 
-from schema.dynamic import data_field, object_type
-from schema.naming import TypeNames
+from schema.dynamic import data_field, list_of, object_type
 from stores import InvalidCursorError, Page
 
 T = TypeVar("T")
 _TAG = b"iq1:"
+MAX_READS = 4  # store reads for one page at most
 
 
 @strawberry.type(description="Where a page of a connection stands (Relay).")
@@ -93,43 +93,61 @@ class Slice(Generic[T]):
     page_info: PageInfo
 
 
-async def read_slice(read: ReadPage, order: Order, first: int, after: str | None, max_skip: int) -> Slice[Any]:
-    """Return the first items after cursor `after`, reading from the store with read(count, cursor)."""
-    resume = decode_cursor(order, after, max_skip)
-    page = await read(resume.skip + first, resume.base)
-    raw = page.items
+def _past(order: Order, items: list[Any], last: Any) -> int:
+    """Return the index of the first item whose sort key is past last (None: 0)."""
     start = 0
-    if resume.last is not None:
-        while start < len(raw) and not order.sort_key(raw[start]) > resume.last:
+    if last is not None:
+        while start < len(items) and not order.sort_key(items[start]) > last:
             start += 1
-    taken = raw[start : start + first]
+    return start
+
+
+async def read_slice(read: ReadPage, order: Order, first: int, after: str | None, max_skip: int) -> Slice[Any]:
+    """Return the first items after cursor `after`, reading from the store with read(count, cursor).
+
+    A page comes up short of first when keys arrived before the cursor since it was issued, or when
+    the store filters items out of its pages; then the next store page is read, up to MAX_READS reads.
+    """
+    resume = decode_cursor(order, after, max_skip)
     edges: list[tuple[str, Any]] = []
-    for i, item in enumerate(taken, start):
-        if i == len(raw) - 1 and page.next_cursor is not None:
-            cursor = encode_cursor(order, Resume(page.next_cursor))
-        else:
-            cursor = encode_cursor(order, Resume(resume.base, i + 1, order.sort_key(item)))
-        edges.append((cursor, item))
-    has_next = len(raw) - start > first or page.next_cursor is not None
-    end = edges[-1][0] if edges else (encode_cursor(order, Resume(page.next_cursor)) if page.next_cursor else None)
-    start_cursor = edges[0][0] if edges else None
-    return Slice(edges, PageInfo(has_next_page=has_next, has_previous_page=after is not None, start_cursor=start_cursor, end_cursor=end))
+    for _ in range(MAX_READS):
+        page = await read(resume.skip + first - len(edges), resume.base)
+        start = _past(order, page.items, resume.last)
+        taken = page.items[start : start + first - len(edges)]
+        for i, item in enumerate(taken, start):
+            last_of_page = i == len(page.items) - 1 and page.next_cursor is not None
+            position = Resume(page.next_cursor) if last_of_page else Resume(resume.base, i + 1, order.sort_key(item))
+            edges.append((encode_cursor(order, position), item))
+        cut = start + len(taken) < len(page.items)  # items of this read are left for the next page
+        if cut or page.next_cursor is None or len(edges) == first:
+            break
+        resume = Resume(page.next_cursor)
+    has_next = cut or page.next_cursor is not None
+    if cut or not has_next:
+        end = edges[-1][0] if edges else None
+    else:
+        end = encode_cursor(order, Resume(page.next_cursor))
+    info = PageInfo(
+        has_next_page=has_next,
+        has_previous_page=after is not None,
+        start_cursor=edges[0][0] if edges else None,
+        end_cursor=end,
+    )
+    return Slice(edges, info)
 
 
 class ConnectionType:
-    """The ``<Node>Connection`` and ``<Node>Edge`` types of one node type, and how to fill them."""
+    """A ``<Node>Connection`` type and its ``<Node>Edge`` type, and how to fill them."""
 
-    def __init__(self, names: TypeNames, node_name: str, node_type: Any, description: str) -> None:
-        edge_name, connection_name = names.new(f"{node_name}Edge"), names.new(f"{node_name}Connection")
+    def __init__(self, edge_name: str, connection_name: str, node_type: Any, description: str) -> None:
         self.edge = object_type(
             edge_name,
             [data_field("cursor", str, "Resume after this edge: pass as after."), data_field("node", node_type)],
-            f"One item of a {connection_name}.",
+            f"An edge of {connection_name}: a cursor and an item.",
         )
+        edges = list_of(self.edge)
         self.type = object_type(
-            connection_name,
-            [data_field("edges", list[self.edge]), data_field("pageInfo", PageInfo)],  # type: ignore[name-defined]
-            description,
+            connection_name, [data_field("edges", edges), data_field("pageInfo", PageInfo)], description
         )
 
     def make(self, page: Slice[Any], node: Callable[[Any], Any]) -> Any:

@@ -34,7 +34,7 @@ import decimal
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from pyspark.sql.types import (
     ArrayType,
@@ -60,7 +60,7 @@ from pyspark.sql.types import (
 )
 from strawberry.scalars import JSON
 
-from schema.dynamic import Field, data_field, field_names, object_type
+from schema.dynamic import Field, data_field, field_names, list_of, object_type, optional
 from schema.naming import TypeNames, camel_case, pascal_case, unique
 from schema.scalars import DateTime, Long, from_epoch_ms, parse_iso, to_utc
 from stores import ValueFormatError
@@ -80,7 +80,7 @@ class ValueType:
     def nullable(self) -> tuple[Any, Convert]:
         """Return the nullable annotation, and a converter that keeps None as None."""
         convert = self.convert
-        return Optional[self.annotation], (lambda v: None if v is None else convert(v))  # noqa: UP045
+        return optional(self.annotation), (lambda v: None if v is None else convert(v))
 
 
 def _bad(value: Any, what: str) -> ValueFormatError:
@@ -209,7 +209,7 @@ def _checked(convert: Convert, nullable: bool, what: str) -> Convert:
 
 
 def _slot(value_type: ValueType, nullable: bool) -> Any:
-    return Optional[value_type.annotation] if nullable else value_type.annotation  # noqa: UP045
+    return optional(value_type.annotation) if nullable else value_type.annotation
 
 
 class ValueTypes:
@@ -256,7 +256,7 @@ class ValueTypes:
             return [convert(v) for v in value]
 
         bang = "" if array.containsNull else "!"
-        return ValueType(list[_slot(element, array.containsNull)], convert_list, f"[{element.graphql}{bang}]")
+        return ValueType(list_of(_slot(element, array.containsNull)), convert_list, f"[{element.graphql}{bang}]")
 
     def _map(self, map_type: MapType, name: str) -> ValueType:
         entry_name = self.names.new(f"{name}Entry")
@@ -279,7 +279,7 @@ class ValueTypes:
                 raise _bad(raw, "map")
             return [entry(f0=convert_key(k), f1=convert_value(v)) for k, v in pairs]
 
-        return ValueType(list[entry], convert_map, f"[{entry_name}!]")  # type: ignore[valid-type]
+        return ValueType(list_of(entry), convert_map, f"[{entry_name}!]")
 
 
 def _column_description(column: StructField) -> str | None:

@@ -101,9 +101,12 @@ class KeyValueStore:
         if not partials:
             return
         stored = tx.multi_get(self.name, list(partials))
-        for (encoded_key, partial), raw in zip(partials.items(), stored, strict=True):
-            old = None if raw is None else decode_value(raw)
-            tx.put(self.name, encoded_key, encode_value(merge_state(agg, old, partial)))
+        merged = (
+            (key, partial if raw is None else merge_state(agg, decode_value(raw), partial))
+            for (key, partial), raw in zip(partials.items(), stored, strict=True)
+        )
+        # A key whose partials were all null (e.g. a sum over null values) gets no state.
+        tx.put_many(self.name, ((key, encode_value(state)) for key, state in merged if state is not None))
 
     def put(self, tx: PartitionTransaction, key: Key, value: Any) -> None:
         """Store value under key, replacing any state."""

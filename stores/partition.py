@@ -225,7 +225,9 @@ class PartitionTransaction:
 
     def multi_get(self, family: str, keys: Sequence[bytes]) -> list[bytes | None]:
         """Return the values of keys in family, pending writes first."""
-        pending = self._pending.get(family, {})
+        pending = self._pending.get(family)
+        if not pending:
+            return self.db.multi_get(family, keys)
         missing = [k for k in keys if k not in pending]
         stored = dict(zip(missing, self.db.multi_get(family, missing), strict=True))
         return [pending[k] if k in pending else stored[k] for k in keys]
@@ -234,6 +236,15 @@ class PartitionTransaction:
         """Write value under key in family when the transaction commits."""
         self._batch.put(key, value, self.db.handle(family))
         self._pending.setdefault(family, {})[key] = value
+
+    def put_many(self, family: str, items: Iterable[tuple[bytes, bytes]]) -> None:
+        """Write every (key, value) of items in family when the transaction commits."""
+        handle = self.db.handle(family)
+        pending = self._pending.setdefault(family, {})
+        put = self._batch.put
+        for key, value in items:
+            put(key, value, handle)
+            pending[key] = value
 
     def delete(self, family: str, key: bytes) -> None:
         """Delete key from family when the transaction commits."""

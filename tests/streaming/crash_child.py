@@ -25,11 +25,11 @@ def _arm(crash: str, at: int) -> None:
     original = PartitionDB.write
     writes = [0]
 
-    def write(self: PartitionDB, batch: Any) -> None:
+    def write(self: PartitionDB, batch: Any, *args: Any) -> None:
         writes[0] += 1
         if crash == "before-write" and writes[0] == at:
             os.kill(os.getpid(), signal.SIGKILL)
-        original(self, batch)
+        original(self, batch, *args)
         print(f"WROTE {writes[0]}", flush=True)
         if crash == "after-write" and writes[0] == at:
             os.kill(os.getpid(), signal.SIGKILL)

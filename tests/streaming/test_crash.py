@@ -39,12 +39,16 @@ def _child(broker: EmbeddedBroker, topic: str, state: Path, *extra: str) -> subp
         str(state),
         *extra,
     ]
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    log = (state.parent / "child.log").open("a")
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
 
 
 def _run(broker: EmbeddedBroker, topic: str, state: Path, *extra: str) -> int:
     child = _child(broker, topic, state, *extra)
     child.communicate(timeout=300)
+    if child.returncode not in (0, -signal.SIGKILL):
+        log = (state.parent / "child.log").read_text()
+        raise AssertionError(f"node process failed ({child.returncode}):\n{log[-3000:]}")
     return child.returncode
 
 

@@ -1,0 +1,168 @@
+"""Build an app's GraphQL schema from its stores.
+
+Naming, for a store called ``order_count`` (key-value), ``orders_per_minute`` (window), ``items_sold``
+(bloom):
+
+==========================  ===============================================================
+root field                  the store's name in camelCase: ``orderCount``; its type ``OrderCountStore``
+key-value store fields      ``get(key)``, ``getMany(keys)``, ``range(from, to, first, after)``,
+                            ``prefix(prefix, first, after)`` (String keys only), ``all(first, after)``,
+                            ``approximateCount``
+key-value connection        ``OrderCountEntryConnection { edges: [OrderCountEntryEdge!]!, pageInfo }``,
+                            edge ``{ cursor, node: OrderCountEntry { key, value } }``
+window store fields         ``fetch(key, from, to)`` → ``[OrdersPerMinuteWindow!]!``,
+                            ``fetchAll(from, to, first, after)``,
+                            ``fetchRange(fromKey, toKey, from, to, first, after)``
+window                      ``OrdersPerMinuteWindow { key, start, end, value }`` (times: DateTime);
+                            connections ``OrdersPerMinuteWindowConnection`` / ``…WindowEdge``
+bloom store fields          ``mightContain(key)``, ``mightContainMany(keys)``, ``falsePositiveRate``,
+                            ``approximateCount``
+keys                        ``String`` (string keys) or ``Long`` (integer keys)
+values                      see schema.value_types: a struct is the object type ``LatestOrder``
+metadata                    ``stores``, ``node``, ``nodes``, ``keyMetadata(store, key)``
+==========================  ===============================================================
+
+Type names are unique within a schema: should two names meet, the later gets a numeric suffix (the
+stores' own types are named first, in store order, then value types). Store names whose camelCase
+collides with another store's or with a metadata field are refused with SchemaDefinitionError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import strawberry
+from graphql import GraphQLError
+from strawberry.extensions import AddValidationRules, ParserCache, SchemaExtension, ValidationCache
+from strawberry.schema.config import StrawberryConfig
+from strawberry.types import ExecutionContext, ExecutionResult
+
+from schema.bloom_fields import bloom_type
+from schema.dynamic import Field, object_type, resolved_field, resolver_with
+from schema.errors import ErrorCodes, log_errors, with_codes
+from schema.keys import key_kind
+from schema.kv_fields import key_value_type
+from schema.limits import Limits
+from schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fields
+from schema.naming import TypeNames, camel_case, pascal_case
+from schema.resolving import StorePlan
+from schema.scalars import SCALARS
+from schema.types import StoreInfo
+from schema.value_types import ValueTypes
+from schema.window_fields import window_type
+
+DEFAULT_CACHE_SIZE = 1024
+RESERVED_TYPES = {
+    "Query",
+    "Mutation",
+    "Subscription",
+    "PageInfo",
+    *METADATA_TYPES,
+    *(definition.name for definition in SCALARS.values()),
+    "Date",
+    "Decimal",
+    "JSON",
+    "String",
+    "Int",
+    "Float",
+    "Boolean",
+    "ID",
+}
+_NODE_SUFFIX = {"key_value": "Entry", "window": "Window", "bloom": ""}
+_BUILDERS: dict[str, Callable[[StorePlan], type]] = {
+    "key_value": key_value_type,
+    "window": window_type,
+    "bloom": bloom_type,
+}
+
+
+class SchemaDefinitionError(ValueError):
+    """Stores that cannot be turned into a schema; the message says what to rename."""
+
+
+class IqGraphSchema(strawberry.Schema):
+    """A Strawberry schema that logs unexpected errors with their traceback and expected ones briefly."""
+
+    async def execute(self, *args: Any, **kwargs: Any) -> ExecutionResult:
+        """Execute a request; errors that bypass the extensions (e.g. syntax errors) get their code too."""
+        result = await super().execute(*args, **kwargs)
+        if result.errors:
+            result.errors = with_codes(result.errors)
+        return result
+
+    def process_errors(self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None) -> None:
+        """Log the errors of one request (before ErrorCodes masks them)."""
+        log_errors(errors)
+
+
+def _root_field(store: StoreInfo, names: TypeNames) -> str:
+    field = camel_case(store.name)
+    if field in METADATA_FIELDS:
+        raise SchemaDefinitionError(f"store {store.name!r} would be the field {field!r}, which is metadata: rename it")
+    if store.kind not in _BUILDERS:
+        raise SchemaDefinitionError(f"store {store.name!r} has kind {store.kind!r}: expected {', '.join(_BUILDERS)}")
+    return field
+
+
+def plan_stores(stores: Sequence[StoreInfo], limits: Limits) -> dict[str, StorePlan]:
+    """Return the plan of each store: root field, type names, key and value types, in store order."""
+    names = TypeNames(RESERVED_TYPES)
+    fields: dict[str, str] = {}
+    reserved: dict[str, tuple[str, str, str, str]] = {}
+    for store in stores:
+        field = _root_field(store, names)
+        if field in fields.values():
+            other = next(n for n, f in fields.items() if f == field)
+            raise SchemaDefinitionError(f"stores {other!r} and {store.name!r} would both be the field {field!r}")
+        fields[store.name] = field
+        base = pascal_case(store.name)
+        node = names.new(base + _NODE_SUFFIX[store.kind]) if _NODE_SUFFIX[store.kind] else ""
+        edge, connection = (names.new(f"{node}Edge"), names.new(f"{node}Connection")) if node else ("", "")
+        reserved[store.name] = (names.new(f"{base}Store"), node, edge, connection)
+    values = ValueTypes(names)
+    plans: dict[str, StorePlan] = {}
+    for store in stores:
+        about = f"A value of store {store.name}" + (f": {store.description}" if store.description else ".")
+        value = values.of(store.value_type, pascal_case(store.name), about)
+        plans[store.name] = StorePlan(
+            store, fields[store.name], *reserved[store.name], key_kind(store.key_type), value, limits
+        )
+    return plans
+
+
+def _store_field(plan: StorePlan) -> Field:
+    store_type = _BUILDERS[plan.info.kind](plan)
+    instance = store_type()
+
+    def resolve(root: Any, info: strawberry.Info) -> Any:
+        return instance
+
+    description = plan.info.description or f"The {plan.info.kind.replace('_', '-')} store {plan.name}."
+    return resolved_field(plan.field, resolver_with(resolve, [], store_type), description)
+
+
+def build_schema(
+    stores: Sequence[StoreInfo],
+    limits: Limits | None = None,
+    *,
+    description: str | None = None,
+    cache_size: int = DEFAULT_CACHE_SIZE,
+) -> strawberry.Schema:
+    """Return the schema in which every store is a typed root field, next to the metadata fields.
+
+    limits sets the documented defaults (page size) and the alias limit; the request context (see
+    context_getter) enforces the rest, so give both the same Limits. The parser and validation
+    caches keep the last cache_size distinct documents.
+    """
+    settled = limits or Limits()
+    plans = plan_stores(stores, settled)
+    query = object_type("Query", [*(_store_field(p) for p in plans.values()), *metadata_fields(plans)], description)
+    alias_rule = settled.alias_rule()  # one class for every request, so the validation cache hits
+    extensions: list[Callable[[], SchemaExtension]] = [
+        ErrorCodes,
+        lambda: AddValidationRules([alias_rule]),
+        lambda: ParserCache(maxsize=cache_size),
+        lambda: ValidationCache(maxsize=cache_size),
+    ]
+    return IqGraphSchema(query=query, extensions=extensions, config=StrawberryConfig(scalar_map=SCALARS))

@@ -1,0 +1,74 @@
+"""What the generated resolvers share: the request context, per-key loads, and the store plan."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from aiodataloader import DataLoader
+
+from schema.errors import api_error, store_errors
+from schema.keys import KeyKind
+from schema.limits import Limits
+from schema.value_types import ValueType
+from stores import StoreError
+
+if TYPE_CHECKING:
+    import strawberry
+
+    from schema.context import Context
+    from schema.types import StoreInfo
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """One store as the schema shows it: its field, its type names, key and value types, limits."""
+
+    info: StoreInfo
+    field: str  # the root field, camelCase
+    type_name: str  # <Base>Store
+    node_name: str  # <Base>Entry (key-value) or <Base>Window (window); unused for bloom
+    edge_name: str
+    connection_name: str
+    key: KeyKind
+    value: ValueType
+    limits: Limits
+
+    @property
+    def name(self) -> str:
+        """Return the store's name."""
+        return self.info.name
+
+    def label(self) -> str:
+        """Return how descriptions name the store."""
+        return f"store {self.info.name}"
+
+
+def context(info: strawberry.Info) -> Context:
+    """Return the request context."""
+    return cast("Context", info.context)
+
+
+async def load_one(loader: DataLoader[Any, Any], key: Any, convert: Callable[[Any], Any]) -> Any:
+    """Return the converted value the loader finds for key; raise its API error if it failed."""
+    with store_errors():
+        return convert(await loader.load(key))
+
+
+async def load_each(loader: DataLoader[Any, Any], keys: Sequence[Any], convert: Callable[[Any], Any]) -> list[Any]:
+    """Return, per key and in key order, the converted value or the API error in its place."""
+    found = await asyncio.gather(*(loader.load(k) for k in keys), return_exceptions=True)
+    return [_converted(result, convert) for result in found]
+
+
+def _converted(result: Any, convert: Callable[[Any], Any]) -> Any:
+    if isinstance(result, BaseException):
+        if not isinstance(result, Exception):
+            raise result  # cancellation and the like are not a key's result
+        return result
+    try:
+        return convert(result)
+    except StoreError as exc:
+        return api_error(exc)

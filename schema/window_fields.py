@@ -1,0 +1,162 @@
+"""The object type of a window store: fetch, fetchAll, fetchRange.
+
+Every field returns ``<Base>Window {key, start, end, value}``: one key's value in the window
+[start, end). Time bounds are inclusive bounds on the window start, as Kafka Streams' ``fetch`` has
+them; left out, they are unbounded. ``fetch`` returns a key's windows oldest first; ``fetchAll`` is a
+connection ordered by start then key, ``fetchRange`` one ordered by key then start.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import strawberry
+
+from schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
+from schema.errors import store_errors
+from schema.pagination import ConnectionType, Order, read_slice
+from schema.resolving import StorePlan, context, load_one
+from schema.scalars import INT64_MAX, INT64_MIN, DateTime, from_epoch_ms, to_epoch_ms
+from stores import WindowedValue
+
+_FIRST = "How many windows at most (the page size)."
+_AFTER = "Resume after this cursor (an edge's cursor or pageInfo.endCursor)."
+_FROM = "The earliest window start (inclusive); none: unbounded."
+_TO = "The latest window start (inclusive); none: unbounded."
+
+
+def time_bounds(time_from: dt.datetime | None, time_to: dt.datetime | None) -> tuple[int, int]:
+    """Return the bounds on window start in epoch milliseconds (a fraction of a ms rounds inward)."""
+    lower = INT64_MIN if time_from is None else _ceil_ms(time_from)
+    upper = INT64_MAX if time_to is None else to_epoch_ms(time_to)
+    return lower, upper
+
+
+def _ceil_ms(value: dt.datetime) -> int:
+    floor = to_epoch_ms(value)
+    return floor if value.microsecond % 1000 == 0 else floor + 1
+
+
+def window_type(plan: StorePlan) -> type:
+    """Return the object type of window store plan."""
+    value_annotation, convert = plan.value.nullable()
+    window = object_type(
+        plan.node_name,
+        [
+            data_field("key", plan.key.annotation, "The key."),
+            data_field("start", DateTime, "The window's start (inclusive)."),
+            data_field("end", DateTime, "The window's end (exclusive)."),
+            data_field("value", value_annotation, "The key's value in the window."),
+        ],
+        f"One key's value in one window of {plan.label()}.",
+    )
+
+    def node(w: WindowedValue) -> Any:
+        return window(f0=w.key, f1=from_epoch_ms(w.start), f2=from_epoch_ms(w.end), f3=convert(w.value))
+
+    connection = ConnectionType(plan.edge_name, plan.connection_name, window, f"A page of windows of {plan.label()}.")
+    by_time = Order(f"{plan.name}:time", lambda w: [w.start, w.key], _pair(plan, time_first=True))
+    by_key = Order(f"{plan.name}:key", lambda w: [w.key, w.start], _pair(plan, time_first=False))
+
+    async def page(info: strawberry.Info, order: Order, read: Any, first: int, after: str | None) -> Any:
+        ctx = context(info)
+        size = ctx.limits.page_size(first)
+        with store_errors():
+            found = await read_slice(read, order, size, after, ctx.limits.max_page_size)
+            return connection.make(found, node)
+
+    fields = [_fetch_field(plan, window, node), *_scan_fields(plan, connection.type, page, by_time, by_key)]
+    return object_type(plan.type_name, fields, _describe(plan))
+
+
+def _pair(plan: StorePlan, time_first: bool) -> Any:
+    def valid(value: Any) -> bool:
+        if not isinstance(value, list) or len(value) != 2:
+            return False
+        start, key = (value[0], value[1]) if time_first else (value[1], value[0])
+        return isinstance(start, int) and not isinstance(start, bool) and plan.key.valid(key)
+
+    return valid
+
+
+def _describe(plan: StorePlan) -> str:
+    info = plan.info
+    size = f", windows of {info.window_size_ms} ms" if info.window_size_ms else ""
+    hop = (
+        f" every {info.window_advance_ms} ms"
+        if info.window_advance_ms and info.window_advance_ms != info.window_size_ms
+        else ""
+    )
+    about = f": {info.description}" if info.description else ""
+    return f"Window store {plan.name}{size}{hop}{about}"
+
+
+def _fetch_field(plan: StorePlan, window: type, node: Any) -> Field:
+    name = plan.name
+
+    def convert(found: list[WindowedValue]) -> list[Any]:
+        return [node(w) for w in found]
+
+    async def fetch(
+        root: Any, info: strawberry.Info, key: Any, from_: dt.datetime | None = None, to: dt.datetime | None = None
+    ) -> Any:
+        lower, upper = time_bounds(from_, to)
+        return await load_one(context(info).loaders.windows(name), (key, lower, upper), convert)
+
+    args = [
+        Arg("key", "key", plan.key.annotation, "The key."),
+        Arg("from_", "from", DateTime | None, _FROM),
+        Arg("to", "to", DateTime | None, _TO),
+    ]
+    return resolved_field(
+        "fetch",
+        resolver_with(fetch, args, optional(list_of(window))),
+        "The key's windows with start in [from, to], oldest first.",
+    )
+
+
+def _scan_fields(plan: StorePlan, connection: Any, page: Any, by_time: Order, by_key: Order) -> list[Field]:
+    name, default = plan.name, plan.limits.default_page_size
+    queries = lambda info: context(info).queries  # noqa: E731
+
+    async def fetch_all(
+        root: Any, info: strawberry.Info, from_: Any = None, to: Any = None, first: int = default, after: Any = None
+    ) -> Any:
+        lower, upper = time_bounds(from_, to)
+        read = lambda n, c: queries(info).fetch_all(name, lower, upper, n, c)  # noqa: E731
+        return await page(info, by_time, read, first, after)
+
+    async def fetch_range(
+        root: Any,
+        info: strawberry.Info,
+        from_key: Any = None,
+        to_key: Any = None,
+        from_: Any = None,
+        to: Any = None,
+        first: int = default,
+        after: Any = None,
+    ) -> Any:
+        lower, upper = time_bounds(from_, to)
+        read = lambda n, c: queries(info).fetch_range(name, from_key, to_key, lower, upper, n, c)  # noqa: E731
+        return await page(info, by_key, read, first, after)
+
+    key = optional(plan.key.annotation)
+    times = [Arg("from_", "from", DateTime | None, _FROM), Arg("to", "to", DateTime | None, _TO)]
+    paging = [Arg("first", "first", int, _FIRST), Arg("after", "after", str | None, _AFTER)]
+    keys = [
+        Arg("from_key", "fromKey", key, "The smallest key (inclusive); none: from the first."),
+        Arg("to_key", "toKey", key, "The largest key (inclusive); none: to the last."),
+    ]
+    return [
+        resolved_field(
+            "fetchAll",
+            resolver_with(fetch_all, times + paging, optional(connection)),
+            "Every key's windows with start in [from, to], by start then key.",
+        ),
+        resolved_field(
+            "fetchRange",
+            resolver_with(fetch_range, keys + times + paging, optional(connection)),
+            "The windows of keys in [fromKey, toKey] with start in [from, to], by key then start.",
+        ),
+    ]

@@ -1,0 +1,167 @@
+"""Fixtures of the schema tests: real partition databases in tmp_path behind LocalStoreQueries, and the API.
+
+``Api.run`` executes a document with ``schema.execute`` and a fresh context, as the server does per
+request. The StoreQueries is LocalStoreQueries, subclassed only to record the batched calls it gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import strawberry
+from pyspark.sql.types import DataType
+from strawberry.types import ExecutionResult
+
+from app.local_queries import LocalStoreQueries, RetryPolicy
+from schema import Limits, build_schema, context_getter
+from stores import Key, PartitionState, PartitionStores, StateDirectory
+from streaming.definitions import App
+from tests.schema.apps import (
+    LAB_TOPIC,
+    LAB_TYPES,
+    PARTITIONS,
+    SHOP_TOPIC,
+    SHOP_TYPES,
+    ShopTruth,
+    fill_shop,
+    lab_app,
+    make_orders,
+    shop_app,
+)
+
+Hosted = dict[str, dict[int, PartitionStores]]
+
+
+class RecordingQueries(LocalStoreQueries):
+    """LocalStoreQueries that records each batched point read it is asked for."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, str, list[Any]]] = []
+
+    async def get_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
+        self.calls.append(("get_many", store, list(keys)))
+        return await super().get_many(store, keys)
+
+    async def fetch_many(self, store: str, requests: Sequence[tuple[Key, int, int]]) -> list[Any]:
+        self.calls.append(("fetch_many", store, list(requests)))
+        return await super().fetch_many(store, requests)
+
+    async def might_contain_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
+        self.calls.append(("might_contain_many", store, list(keys)))
+        return await super().might_contain_many(store, keys)
+
+
+@dataclass
+class Api:
+    """One app's schema over its stores, executed in-process."""
+
+    app: App
+    queries: RecordingQueries
+    limits: Limits = field(default_factory=Limits)
+    schema: strawberry.Schema = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.schema = build_schema(self.queries.stores(), self.limits, description=self.app.description)
+
+    async def run(self, query: str, variables: dict[str, Any] | None = None) -> ExecutionResult:
+        """Execute query with a fresh request context."""
+        context = context_getter(self.queries, self.limits)()
+        return await self.schema.execute(query, variable_values=variables, context_value=context)
+
+    async def data(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Execute query and return its data, failing on any error."""
+        result = await self.run(query, variables)
+        assert result.errors is None, [e.formatted for e in result.errors]
+        assert result.data is not None
+        return result.data
+
+    async def errors(self, query: str, variables: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Execute query and return its errors as the client sees them."""
+        result = await self.run(query, variables)
+        assert result.errors, f"expected errors, got {result.data}"
+        return [e.formatted for e in result.errors]
+
+
+def open_hosted(root: Path, app: App, topic: str) -> Hosted:
+    """Open every partition of topic in a new state directory under root."""
+    directory = StateDirectory(root, app.name)
+    return {topic: {p: directory.open(topic, p, app.specs(topic)) for p in range(PARTITIONS)}}
+
+
+def close_hosted(hosted: Hosted) -> None:
+    """Close every partition database."""
+    for partitions in hosted.values():
+        for stores in partitions.values():
+            stores.close()
+
+
+MakeApi = Callable[..., Api]
+
+
+def api_factory(app: App, types: Mapping[str, DataType], hosted: Hosted) -> MakeApi:
+    """Return make(limits=None, hosted=None, deadline_ms=50, cls=RecordingQueries) -> Api."""
+
+    def make(
+        limits: Limits | None = None,
+        partitions: Hosted | None = None,
+        deadline_ms: int = 50,
+        cls: type[RecordingQueries] = RecordingQueries,
+    ) -> Api:
+        queries = cls(app, types, hosted if partitions is None else partitions, retry=RetryPolicy(deadline_ms))
+        return Api(app, queries, limits or Limits())
+
+    return make
+
+
+@pytest.fixture
+def orders() -> list[dict[str, Any]]:
+    """Return the orders the shop stores are filled with."""
+    return make_orders()
+
+
+@pytest.fixture
+def truth(orders: list[dict[str, Any]]) -> ShopTruth:
+    """Return the shop's expected answers."""
+    return ShopTruth(orders)
+
+
+@pytest.fixture
+def shop_hosted(tmp_path: Path, orders: list[dict[str, Any]]) -> Iterator[Hosted]:
+    """Return the shop's partitions, filled with the orders and RUNNING."""
+    hosted = open_hosted(tmp_path / "shop", shop_app(), SHOP_TOPIC)
+    fill_shop(hosted[SHOP_TOPIC], orders)
+    yield hosted
+    close_hosted(hosted)
+
+
+@pytest.fixture
+def make_shop(shop_hosted: Hosted) -> MakeApi:
+    """Return a factory of shop Apis over the filled partitions."""
+    return api_factory(shop_app(), SHOP_TYPES, shop_hosted)
+
+
+@pytest.fixture
+def shop(make_shop: MakeApi) -> Api:
+    """Return the shop Api with default limits."""
+    return make_shop()
+
+
+@pytest.fixture
+def lab_hosted(tmp_path: Path) -> Iterator[Hosted]:
+    """Return the lab app's partitions, empty (tests fill them)."""
+    hosted = open_hosted(tmp_path / "lab", lab_app(), LAB_TOPIC)
+    for stores in hosted[LAB_TOPIC].values():
+        stores.db.set_state(PartitionState.RUNNING)
+    yield hosted
+    close_hosted(hosted)
+
+
+@pytest.fixture
+def lab(lab_hosted: Hosted) -> Api:
+    """Return the lab Api (Long keys, rich values)."""
+    return api_factory(lab_app(), LAB_TYPES, lab_hosted)()

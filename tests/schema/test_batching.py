@@ -1,0 +1,45 @@
+"""Point reads go through per-request DataLoaders: one StoreQueries call per store per request."""
+
+from __future__ import annotations
+
+from tests.schema.apps import ShopTruth
+from tests.schema.conftest import Api
+
+QUERY = """{
+  orderCount { a: get(key: "customer-00") b: get(key: "customer-01") c: get(key: "nobody")
+               many: getMany(keys: ["customer-02", "customer-00", "customer-03"]) }
+  again: orderCount { get(key: "customer-04") }
+  totalSpend { a: get(key: "customer-00") b: get(key: "customer-05") }
+  latestOrder { get(key: "customer-06") { orderId } }
+  ordersPerMinute { a: fetch(key: "customer-00") { value } b: fetch(key: "customer-07") { value } }
+  itemsSold { a: mightContain(key: "widget") b: mightContainMany(keys: ["gizmo", "nope"]) }
+}"""
+
+
+async def test_n_point_reads_make_one_batched_call_per_store(shop: Api, truth: ShopTruth) -> None:
+    data = await shop.data(QUERY)
+    counts = truth.counts()
+    assert data["orderCount"]["many"] == [counts["customer-02"], counts["customer-00"], counts["customer-03"]]
+    assert data["again"]["get"] == counts["customer-04"]
+    calls = sorted((kind, store, sorted(map(str, args))) for kind, store, args in shop.queries.calls)
+    assert calls == [
+        (
+            "fetch_many",
+            "orders_per_minute",
+            sorted(map(str, [("customer-00", -(1 << 63), (1 << 63) - 1), ("customer-07", -(1 << 63), (1 << 63) - 1)])),
+        ),
+        ("get_many", "latest_order", ["customer-06"]),
+        (
+            "get_many",
+            "order_count",
+            sorted(["customer-00", "customer-01", "nobody", "customer-02", "customer-03", "customer-04"]),
+        ),
+        ("get_many", "total_spend", ["customer-00", "customer-05"]),
+        ("might_contain_many", "items_sold", ["gizmo", "nope", "widget"]),
+    ]
+
+
+async def test_loaders_belong_to_one_request(shop: Api) -> None:
+    await shop.data('{ orderCount { get(key: "customer-00") } }')
+    await shop.data('{ orderCount { get(key: "customer-00") } }')
+    assert [c[0] for c in shop.queries.calls] == ["get_many", "get_many"]  # no cache across requests
