@@ -182,7 +182,7 @@ class LocalStoreQueries:
         self,
         definition: StoreDefinition,
         keys: Sequence[Key],
-        read: Callable[[PartitionStores, list[Key]], list[Any]],
+        read: Callable[[PartitionStores, list[Key], list[int]], list[Any]],
         combine: Callable[[Any, Any], Any],
     ) -> list[Any]:
         """Return read's results per key: one call per partition, combined across partitions if needed."""
@@ -194,11 +194,12 @@ class LocalStoreQueries:
             except StoreError as exc:
                 results[i] = exc
         for partition, indexes in groups.items():
-            batch = [keys[i] for i in indexes]
             try:
-                values = await self._retrying(partial(self._read_group, definition, partition, batch, read, combine))
+                values = await self._retrying(
+                    partial(self._read_group, definition, partition, keys, indexes, read, combine)
+                )
             except StoreError as exc:
-                values = [exc] * len(batch)
+                values = [exc] * len(indexes)
             for i, value in zip(indexes, values, strict=True):
                 results[i] = value
         return results
@@ -207,15 +208,17 @@ class LocalStoreQueries:
         self,
         definition: StoreDefinition,
         partition: int | None,
-        batch: list[Key],
-        read: Callable[[PartitionStores, list[Key]], list[Any]],
+        keys: Sequence[Key],
+        indexes: list[int],
+        read: Callable[[PartitionStores, list[Key], list[int]], list[Any]],
         combine: Callable[[Any, Any], Any],
     ) -> list[Any]:
+        batch = [keys[i] for i in indexes]
         if partition is not None:
-            return read(self._hosted(definition, partition), batch)
+            return read(self._hosted(definition, partition), batch, indexes)
         merged: list[Any] | None = None
         for stores in self._all_hosted(definition).values():
-            values = read(stores, batch)
+            values = read(stores, batch, indexes)
             merged = values if merged is None else [combine(a, b) for a, b in zip(merged, values, strict=True)]
         return merged or [None] * len(batch)
 
@@ -224,7 +227,7 @@ class LocalStoreQueries:
         definition = self._kind(store, StoreKind.KEY_VALUE)
         agg = self._aggregation(definition)
         states = await self._per_partition(
-            definition, keys, lambda s, b: s.kv(store).multi_get(b, states=True), lambda a, b: merge_state(agg, a, b)
+            definition, keys, lambda s, b, _: s.kv(store).multi_get(b, states=True), lambda a, b: merge_state(agg, a, b)
         )
         return [s if isinstance(s, Exception) or s is None else agg.finalize(s) for s in states]
 
@@ -232,18 +235,19 @@ class LocalStoreQueries:
         """Return, per key of a bloom store, whether it was probably added."""
         definition = self._kind(store, StoreKind.BLOOM)
         return await self._per_partition(
-            definition, keys, lambda s, b: s.bloom(store).might_contain_many(b), lambda a, b: a or b
+            definition, keys, lambda s, b, _: s.bloom(store).might_contain_many(b), lambda a, b: a or b
         )
 
     async def fetch_many(self, store: str, requests: Sequence[tuple[Key, int, int]]) -> list[Any]:
         """Return, per (key, time_from, time_to), the key's windows with start in that range."""
         definition = self._kind(store, StoreKind.WINDOW)
         agg = self._aggregation(definition)
-        ranges = {key: (lo, hi) for key, lo, hi in requests}
 
-        def read(stores: PartitionStores, batch: list[Key]) -> list[Any]:
+        def read(stores: PartitionStores, batch: list[Key], indexes: list[int]) -> list[Any]:
             view = stores.window(store)
-            return [view.fetch(k, *ranges[k], states=True) for k in batch]
+            return [
+                view.fetch(k, requests[i][1], requests[i][2], states=True) for k, i in zip(batch, indexes, strict=True)
+            ]
 
         keys = [key for key, _, _ in requests]
         found = await self._per_partition(definition, keys, read, lambda a, b: _merge_windows(agg, a, b))

@@ -74,7 +74,8 @@ def graphql_app(node: Node) -> Any:
     limits = Limits(
         max_keys=settings.max_keys, max_page_size=settings.max_page_size, default_page_size=settings.default_page_size
     )
-    return GraphQLApp(build_schema(node.queries.stores(), limits), node.queries, limits)
+    schema = build_schema(node.queries.stores(), limits, description=node.app.description)
+    return GraphQLApp(schema, node.queries, limits)
 
 
 def serve(settings: Settings, app: App) -> int:
@@ -105,5 +106,5 @@ def print_schema(app: App) -> int:
         queries = LocalStoreQueries(app, value_types(app, spark), {})
     finally:
         spark.stop()
-    sys.stdout.write(build_schema(queries.stores(), Limits()).as_str() + "\n")
+    sys.stdout.write(build_schema(queries.stores(), Limits(), description=app.description).as_str() + "\n")
     return 0

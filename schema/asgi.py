@@ -1,19 +1,26 @@
 """The Strawberry ASGI app of a schema: /graphql over POST and GET, GraphiQL in a browser.
 
-Each request gets a fresh Context (its own DataLoaders) from ``context_getter``.
+Each request gets a fresh Context (its own DataLoaders) from ``context_getter``. A request that is not
+GraphQL over HTTP at all (a body that is not JSON, no query, a wrong method) is answered with its HTTP
+status and a GraphQL-shaped JSON error, code BAD_REQUEST, rather than Strawberry's plain text.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cross_web import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from strawberry.asgi import GraphQL
 
 from schema.context import Context, context_getter
+from schema.errors import BAD_REQUEST
 from schema.limits import Limits
 
 if TYPE_CHECKING:
     import strawberry
+    from starlette.types import Receive, Scope, Send
 
     from schema.types import StoreQueries
 
@@ -30,3 +37,16 @@ class GraphQLApp(GraphQL[Context, None]):
     async def get_context(self, request: Any, response: Any) -> Context:
         """Return the context of one request."""
         return self._make_context(request=request, response=response)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one ASGI connection; HTTP requests that are not GraphQL get a JSON error."""
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        response: Response
+        try:
+            response = await self.run(Request(scope=scope, receive=receive))
+        except HTTPException as exc:
+            error = {"message": exc.reason, "extensions": {"code": BAD_REQUEST}}
+            response = JSONResponse({"data": None, "errors": [error]}, status_code=exc.status_code)
+        await response(scope, receive, send)

@@ -10,7 +10,7 @@ key-value store fields      ``get(key)``, ``getMany(keys)``, ``range(from, to, f
                             ``approximateCount``
 key-value connection        ``OrderCountEntryConnection { edges: [OrderCountEntryEdge!]!, pageInfo }``,
                             edge ``{ cursor, node: OrderCountEntry { key, value } }``
-window store fields         ``fetch(key, from, to)`` → ``[OrdersPerMinuteWindow!]!``,
+window store fields         ``fetch(key, from, to)`` → ``[OrdersPerMinuteWindow!]``,
                             ``fetchAll(from, to, first, after)``,
                             ``fetchRange(fromKey, toKey, from, to, first, after)``
 window                      ``OrdersPerMinuteWindow { key, start, end, value }`` (times: DateTime);
@@ -21,6 +21,9 @@ keys                        ``String`` (string keys) or ``Long`` (integer keys)
 values                      see schema.value_types: a struct is the object type ``LatestOrder``
 metadata                    ``stores``, ``node``, ``nodes``, ``keyMetadata(store, key)``
 ==========================  ===============================================================
+
+Fields that read stores are nullable, so a failure (an error in ``errors`` with its path) nulls only
+that field, or that key's item in ``getMany`` / ``mightContainMany``; the rest of the answer stands.
 
 Type names are unique within a schema: should two names meet, the later gets a numeric suffix (the
 stores' own types are named first, in store order, then value types). Store names whose camelCase
@@ -96,7 +99,7 @@ class IqGraphSchema(strawberry.Schema):
         log_errors(errors)
 
 
-def _root_field(store: StoreInfo, names: TypeNames) -> str:
+def _root_field(store: StoreInfo) -> str:
     field = camel_case(store.name)
     if field in METADATA_FIELDS:
         raise SchemaDefinitionError(f"store {store.name!r} would be the field {field!r}, which is metadata: rename it")
@@ -111,7 +114,7 @@ def plan_stores(stores: Sequence[StoreInfo], limits: Limits) -> dict[str, StoreP
     fields: dict[str, str] = {}
     reserved: dict[str, tuple[str, str, str, str]] = {}
     for store in stores:
-        field = _root_field(store, names)
+        field = _root_field(store)
         if field in fields.values():
             other = next(n for n, f in fields.items() if f == field)
             raise SchemaDefinitionError(f"stores {other!r} and {store.name!r} would both be the field {field!r}")

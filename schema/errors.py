@@ -14,6 +14,7 @@ Expected failures are ApiErrors, most of them translated from the stores excepti
     raised by this package               LIMIT_EXCEEDED    + limit, requested
                                          INVALID_ARGUMENT  + argument
 
+An HTTP request that is not GraphQL (body not JSON, no query) is ``BAD_REQUEST`` (schema.asgi).
 Errors found before execution keep graphql-core's message and get ``GRAPHQL_PARSE_FAILED`` (syntax)
 or ``GRAPHQL_VALIDATION_FAILED`` (unknown field, wrong argument type, bad variable…). Any other
 exception raised while resolving becomes ``{"message": "Internal error…", "extensions": {"code":
@@ -55,6 +56,7 @@ INVALID_ARGUMENT = "INVALID_ARGUMENT"
 INTERNAL = "INTERNAL"
 GRAPHQL_PARSE_FAILED = "GRAPHQL_PARSE_FAILED"
 GRAPHQL_VALIDATION_FAILED = "GRAPHQL_VALIDATION_FAILED"
+BAD_REQUEST = "BAD_REQUEST"
 INTERNAL_MESSAGE = "Internal error; the server has logged the details."
 
 _CODES: tuple[tuple[type[StoreError], str], ...] = (

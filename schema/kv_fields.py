@@ -14,7 +14,7 @@ import strawberry
 from schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
 from schema.errors import store_errors
 from schema.pagination import ConnectionType, Order, read_slice
-from schema.resolving import StorePlan, context, load_each, load_one
+from schema.resolving import StorePlan, context, load_each, load_one, queries
 from schema.scalars import Long
 
 _FIRST = "How many entries at most (the page size)."
@@ -92,7 +92,7 @@ def _point_fields(plan: StorePlan, value_annotation: Any, convert: Any) -> list[
 
 
 def _scan_fields(plan: StorePlan, connection: Any, page: Any) -> list[Field]:
-    name, key, queries = plan.name, plan.key.annotation, (lambda info: context(info).queries)
+    name, key = plan.name, plan.key.annotation
     default = plan.limits.default_page_size
     paging = [Arg("first", "first", int, _FIRST), Arg("after", "after", str | None, _AFTER)]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 import strawberry
 
@@ -44,8 +44,8 @@ class StoreMetadata:
     value_type: str = strawberry.field(description="The GraphQL type of values, e.g. Long or LatestOrder.")
     spark_value_type: str = strawberry.field(description="The Spark type of values, e.g. bigint or struct<…>.")
     aggregation: str | None = strawberry.field(description="count, sum, min, max, avg or latest.")
-    window_size_ms: Optional[Long] = strawberry.field(description="Window size (window stores).")  # noqa: UP045
-    window_advance_ms: Optional[Long] = strawberry.field(description="Window hop (window stores).")  # noqa: UP045
+    window_size_ms: Long | None = strawberry.field(description="Window size (window stores).")
+    window_advance_ms: Long | None = strawberry.field(description="Window hop (window stores).")
     false_positive_rate: float | None = strawberry.field(description="Bloom stores' false-positive rate.")
     description: str | None = strawberry.field(description="What the app says the store holds.")
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import strawberry
 
     from schema.context import Context
-    from schema.types import StoreInfo
+    from schema.types import StoreInfo, StoreQueries
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,11 @@ class StorePlan:
 def context(info: strawberry.Info) -> Context:
     """Return the request context."""
     return cast("Context", info.context)
+
+
+def queries(info: strawberry.Info) -> StoreQueries:
+    """Return the request's StoreQueries."""
+    return context(info).queries
 
 
 async def load_one(loader: DataLoader[Any, Any], key: Any, convert: Callable[[Any], Any]) -> Any:

@@ -9,6 +9,7 @@ connection ordered by start then key, ``fetchRange`` one ordered by key then sta
 from __future__ import annotations
 
 import datetime as dt
+from functools import partial
 from typing import Any
 
 import strawberry
@@ -16,7 +17,7 @@ import strawberry
 from schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
 from schema.errors import store_errors
 from schema.pagination import ConnectionType, Order, read_slice
-from schema.resolving import StorePlan, context, load_one
+from schema.resolving import StorePlan, context, load_one, queries
 from schema.scalars import INT64_MAX, INT64_MIN, DateTime, from_epoch_ms, to_epoch_ms
 from stores import WindowedValue
 
@@ -118,14 +119,12 @@ def _fetch_field(plan: StorePlan, window: type, node: Any) -> Field:
 
 def _scan_fields(plan: StorePlan, connection: Any, page: Any, by_time: Order, by_key: Order) -> list[Field]:
     name, default = plan.name, plan.limits.default_page_size
-    queries = lambda info: context(info).queries  # noqa: E731
 
     async def fetch_all(
         root: Any, info: strawberry.Info, from_: Any = None, to: Any = None, first: int = default, after: Any = None
     ) -> Any:
         lower, upper = time_bounds(from_, to)
-        read = lambda n, c: queries(info).fetch_all(name, lower, upper, n, c)  # noqa: E731
-        return await page(info, by_time, read, first, after)
+        return await page(info, by_time, partial(queries(info).fetch_all, name, lower, upper), first, after)
 
     async def fetch_range(
         root: Any,
@@ -138,7 +137,7 @@ def _scan_fields(plan: StorePlan, connection: Any, page: Any, by_time: Order, by
         after: Any = None,
     ) -> Any:
         lower, upper = time_bounds(from_, to)
-        read = lambda n, c: queries(info).fetch_range(name, from_key, to_key, lower, upper, n, c)  # noqa: E731
+        read = partial(queries(info).fetch_range, name, from_key, to_key, lower, upper)
         return await page(info, by_key, read, first, after)
 
     key = optional(plan.key.annotation)

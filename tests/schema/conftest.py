@@ -118,25 +118,41 @@ def api_factory(app: App, types: Mapping[str, DataType], hosted: Hosted) -> Make
     return make
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def orders() -> list[dict[str, Any]]:
     """Return the orders the shop stores are filled with."""
     return make_orders()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def truth(orders: list[dict[str, Any]]) -> ShopTruth:
     """Return the shop's expected answers."""
     return ShopTruth(orders)
 
 
-@pytest.fixture
-def shop_hosted(tmp_path: Path, orders: list[dict[str, Any]]) -> Iterator[Hosted]:
-    """Return the shop's partitions, filled with the orders and RUNNING."""
-    hosted = open_hosted(tmp_path / "shop", shop_app(), SHOP_TOPIC)
+def _filled_shop(root: Path, orders: list[dict[str, Any]]) -> Iterator[Hosted]:
+    hosted = open_hosted(root, shop_app(), SHOP_TOPIC)
     fill_shop(hosted[SHOP_TOPIC], orders)
     yield hosted
     close_hosted(hosted)
+
+
+@pytest.fixture(scope="module")
+def shop_hosted(tmp_path_factory: pytest.TempPathFactory, orders: list[dict[str, Any]]) -> Iterator[Hosted]:
+    """Return the shop's partitions, filled with the orders and RUNNING, shared by a module: read only."""
+    yield from _filled_shop(tmp_path_factory.mktemp("shop"), orders)
+
+
+@pytest.fixture
+def own_shop_hosted(tmp_path: Path, orders: list[dict[str, Any]]) -> Iterator[Hosted]:
+    """Return shop partitions of the test's own, filled and RUNNING, for a test that changes them."""
+    yield from _filled_shop(tmp_path / "shop", orders)
+
+
+@pytest.fixture
+def own_shop(own_shop_hosted: Hosted) -> Api:
+    """Return a shop Api over the test's own partitions."""
+    return api_factory(shop_app(), SHOP_TYPES, own_shop_hosted)()
 
 
 @pytest.fixture

@@ -43,3 +43,17 @@ async def test_loaders_belong_to_one_request(shop: Api) -> None:
     await shop.data('{ orderCount { get(key: "customer-00") } }')
     await shop.data('{ orderCount { get(key: "customer-00") } }')
     assert [c[0] for c in shop.queries.calls] == ["get_many", "get_many"]  # no cache across requests
+
+
+async def test_parser_and_validation_caches_are_on(shop: Api) -> None:
+    from strawberry.extensions import ParserCache, ValidationCache
+
+    extensions = [make() for make in shop.schema.extensions]  # type: ignore[operator]
+    parser = next(e for e in extensions if isinstance(e, ParserCache))
+    validator = next(e for e in extensions if isinstance(e, ValidationCache))
+    query = '{ orderCount { get(key: "cache-check") } }'
+    await shop.data(query)
+    parses, validations = parser.cached_parse_document.cache_info(), validator.cached_validate_document.cache_info()
+    await shop.data(query)
+    assert parser.cached_parse_document.cache_info().hits == parses.hits + 1
+    assert validator.cached_validate_document.cache_info().hits == validations.hits + 1

@@ -21,10 +21,10 @@ def codes(errors: list[dict[str, Any]]) -> list[str]:
 
 
 async def test_store_not_ready_says_the_state_and_when_to_retry(
-    shop: Api, shop_hosted: Hosted, truth: ShopTruth
+    own_shop: Api, own_shop_hosted: Hosted, truth: ShopTruth
 ) -> None:
-    shop_hosted[SHOP_TOPIC][shop_partition("customer-01")].db.set_state(PartitionState.RESTORING)
-    result = await shop.run(
+    own_shop_hosted[SHOP_TOPIC][shop_partition("customer-01")].db.set_state(PartitionState.RESTORING)
+    result = await own_shop.run(
         '{ orderCount { getMany(keys: ["customer-00", "customer-01"]) all { pageInfo { hasNextPage } } } }'
     )
     assert result.data == {

@@ -97,8 +97,9 @@ async def test_every_edge_cursor_resumes_right_after_its_edge(shop: Api, truth: 
 
 
 async def test_pages_neither_skip_nor_repeat_when_keys_arrive_between_them(
-    shop: Api, shop_hosted: Hosted, orders: list[dict[str, Any]]
+    own_shop: Api, own_shop_hosted: Hosted, orders: list[dict[str, Any]]
 ) -> None:
+    shop, shop_hosted = own_shop, own_shop_hosted
     query = "query($a: String) { orderCount { all(first: 4, after: $a) { edges { cursor node { key } } } } }"
     first = (await shop.data(query, {"a": None}))["orderCount"]["all"]["edges"]
     middle = first[1]["cursor"]  # a cursor inside a page, not the page's end
@@ -115,9 +116,9 @@ async def test_approximate_count_estimates_the_keys(shop: Api, truth: ShopTruth)
 
 
 async def test_a_value_that_does_not_fit_its_type_fails_only_its_key(
-    shop: Api, shop_hosted: Hosted, truth: ShopTruth
+    own_shop: Api, own_shop_hosted: Hosted, truth: ShopTruth
 ) -> None:
-    stores = shop_hosted[SHOP_TOPIC][shop_partition("customer-00")]
+    shop, stores = own_shop, own_shop_hosted[SHOP_TOPIC][shop_partition("customer-00")]
     start = stores.db.next_offset()
     with stores.db.begin(start, start + 1) as tx:
         stores.kv("latest_order").put(tx, "customer-00", {"amount": "a lot", "ts": "yesterday"})
@@ -129,9 +130,11 @@ async def test_a_value_that_does_not_fit_its_type_fails_only_its_key(
     assert error["path"] == ["latestOrder", "getMany", 0]
 
 
-async def test_a_restoring_partition_fails_its_keys_with_store_not_ready(shop: Api, shop_hosted: Hosted) -> None:
-    shop_hosted[SHOP_TOPIC][shop_partition("customer-00")].db.set_state(PartitionState.RESTORING)
-    errors = await shop.errors('{ orderCount { get(key: "customer-00") } }')
+async def test_a_restoring_partition_fails_its_keys_with_store_not_ready(
+    own_shop: Api, own_shop_hosted: Hosted
+) -> None:
+    own_shop_hosted[SHOP_TOPIC][shop_partition("customer-00")].db.set_state(PartitionState.RESTORING)
+    errors = await own_shop.errors('{ orderCount { get(key: "customer-00") } }')
     assert errors[0]["extensions"]["code"] == "STORE_NOT_READY"
     assert errors[0]["extensions"]["state"] == "RESTORING"
     assert errors[0]["extensions"]["retryAfterMs"] > 0

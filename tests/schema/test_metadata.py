@@ -40,9 +40,9 @@ async def test_stores_describe_every_store(shop: Api) -> None:
     assert (bloom["kind"], bloom["coPartitioned"], bloom["falsePositiveRate"]) == ("BLOOM", False, 0.001)
 
 
-async def test_node_reports_its_partitions_with_state_and_lag(shop: Api, shop_hosted: Hosted) -> None:
-    shop_hosted[SHOP_TOPIC][1].db.set_state(PartitionState.RESTORING)
-    data = await shop.data(
+async def test_node_reports_its_partitions_with_state_and_lag(own_shop: Api, own_shop_hosted: Hosted) -> None:
+    own_shop_hosted[SHOP_TOPIC][1].db.set_state(PartitionState.RESTORING)
+    data = await own_shop.data(
         "{ node { id url state partitions { topic partition role state appliedOffset endOffset lag } } nodes { id } }"
     )
     node = data["node"]

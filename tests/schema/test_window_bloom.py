@@ -34,11 +34,6 @@ async def test_fetch_bounds_the_window_start_inclusively_by_iso_time_or_epoch_ms
     assert iso(minute) not in [w["start"] for w in just_after["ordersPerMinute"]["fetch"]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LocalStoreQueries.fetch_many keeps one time range per key (a dict by key): two ranges of one key "
-    "in a batch both get the last one; it must read per request position",
-)
 async def test_two_fetches_of_one_key_with_different_ranges_get_their_own_windows(shop: Api) -> None:
     first_minute = iso(START_MS)
     data = await shop.data(

@@ -1,0 +1,41 @@
+"""GraphQLApp in-process over ASGI (the uvicorn suite lives in tests/app): contexts, bad requests."""
+
+from __future__ import annotations
+
+import httpx
+
+from schema import GraphQLApp, Limits
+from tests.schema.conftest import Api
+
+
+def client(api: Api) -> httpx.AsyncClient:
+    """Return an HTTP client of api's GraphQLApp, in-process."""
+    app = GraphQLApp(api.schema, api.queries, api.limits)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://iqgraph")
+
+
+async def test_post_and_get_answer_each_request_with_its_own_loaders(shop: Api) -> None:
+    async with client(shop) as http:
+        for _ in range(2):
+            posted = await http.post("/graphql", json={"query": '{ orderCount { get(key: "customer-00") } }'})
+            assert posted.status_code == 200 and posted.json()["data"]["orderCount"]["get"] > 0
+        got = await http.get("/graphql", params={"query": "{ node { id } }"})
+        assert got.json() == {"data": {"node": {"id": "node-0"}}}
+    assert [c[0] for c in shop.queries.calls] == ["get_many", "get_many"]
+
+
+async def test_requests_that_are_not_graphql_get_a_json_error(shop: Api) -> None:
+    async with client(shop) as http:
+        garbled = await http.post("/graphql", content=b"{not json", headers={"content-type": "application/json"})
+        assert garbled.status_code == 400
+        assert garbled.json()["errors"][0]["extensions"]["code"] == "BAD_REQUEST"
+        syntax = await http.post("/graphql", json={"query": "{ orderCount {"})
+        assert syntax.json()["errors"][0]["extensions"]["code"] == "GRAPHQL_PARSE_FAILED"
+        assert "Traceback" not in garbled.text + syntax.text
+
+
+async def test_limits_apply_over_http(shop: Api) -> None:
+    small = Api(shop.app, shop.queries, Limits(max_keys=1))
+    async with client(small) as http:
+        response = await http.post("/graphql", json={"query": '{ orderCount { getMany(keys: ["a", "b"]) } }'})
+    assert response.json()["errors"][0]["extensions"]["code"] == "LIMIT_EXCEEDED"
