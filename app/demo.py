@@ -14,7 +14,7 @@ import uvicorn
 
 from app.node import Node
 from app.producer import ONE_RECORD_PER_REQUEST, produce_events, producer_config
-from app.server import build_asgi, graphql_app
+from app.server import build_asgi, graphql_app, run_until_signalled
 from app.settings import Settings
 from examples.shop import build_app
 from streaming.broker import EmbeddedBroker
@@ -86,4 +86,4 @@ def _serve(node: Node, port: int, duration: float) -> None:
     print("Ctrl-C stops the demo.", flush=True)
     if duration > 0:
         threading.Timer(duration, lambda: setattr(server, "should_exit", True)).start()
-    server.run()
+    run_until_signalled(server)

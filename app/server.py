@@ -7,6 +7,7 @@ stops its streaming queries, closes RocksDB and stops Spark.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -88,10 +89,30 @@ def serve(settings: Settings, app: App) -> int:
         config = uvicorn.Config(
             asgi, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=10
         )
-        uvicorn.Server(config).run()
+        run_until_signalled(uvicorn.Server(config))
     finally:
+        print("iqgraph: stopping: streaming queries, stores, Spark", flush=True)
         node.stop()
     return 0
+
+
+def run_until_signalled(server: uvicorn.Server) -> None:
+    """Run server until SIGINT or SIGTERM, then return so that the caller can stop the node cleanly.
+
+    uvicorn finishes in-flight requests, then re-raises the signal it caught to the handler that was
+    installed before it ran; ours only notes it, so the process goes on to close RocksDB and stop Spark
+    instead of dying with the signal.
+    """
+    previous = {sig: signal.signal(sig, _note_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _note_signal(sig: int, _frame: object) -> None:
+    log.info("received signal %d after the server stopped", sig)
 
 
 def print_schema(app: App) -> int:

@@ -1,0 +1,461 @@
+"""Query speed of one node: GraphQL point lookups beside a raw JSON endpoint on the same server, and getMany.
+
+One run, all on this machine:
+
+1. produce ``--events`` generated shop orders into a 6-partition topic of an embedded Tansu broker;
+2. start one node (``iqgraph serve`` in a subprocess, raw endpoint on: ``GET /raw/{store}/{key}`` does the
+   same lookup as GraphQL through the same LocalStoreQueries) and wait until it is ready and has applied
+   every order; check that both paths answer the order count the events give;
+3. point lookups per second of one existing key, same load client, connections and duration for each:
+   (a) ``POST /graphql`` ``{ orderCount { get(key: …) } }``, (b) ``GET /raw/order_count/<key>``,
+   (c) ``GET /graphql?query=…``; runs alternate a → b → c, ``--rounds`` times, and the medians count.
+   The client is wrk when it is on PATH (``make bench-query`` installs it as root), else a Python asyncio
+   keep-alive client (bench/query.py's own, much lighter than httpx so that it does not cap the raw rate);
+4. latency of one ``getMany`` of 1,000 keys (every shop customer ``customer-0000``..``customer-0499``,
+   existing or not, plus 500 that never exist), with the keys inline in the query and as a variable:
+   p50 and p99 over ``--samples`` sequential requests;
+5. a summary, and as the last line one JSON object with every figure.
+
+Targets (printed, not asserted): GraphQL point lookups ≥ 0.5 of the raw endpoint's rate; getMany of
+1,000 local keys ≤ 15 ms p50.
+
+Usage: ``make bench-query`` or ``.venv/bin/python bench/query.py [--events N] [--duration S] [--rounds R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import itertools
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, bench/ comes first on sys.path; put the repository ahead of it.
+sys.path.insert(0, str(ROOT))
+
+from examples.shop import CUSTOMERS, generate_orders  # noqa: E402
+from streaming.broker import EmbeddedBroker, free_port, produce  # noqa: E402
+
+PARTITIONS = 6
+SEED = 11
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+STORE, FIELD = "order_count", "orderCount"
+KEY = "customer-0001"  # the shop generator's most frequent customer: it always exists
+TARGET_RATIO = 0.5
+TARGET_GETMANY_P50_MS = 15.0
+APP_MODULE = "bench_query_app"
+
+
+# -- 1. produce ------------------------------------------------------------------------------------------
+
+
+def orders(events: int) -> list[tuple[str, dict[str, Any]]]:
+    """Return the bench's generated orders."""
+    return list(itertools.islice(generate_orders(SEED, START_MS), events))
+
+
+def produce_orders(bootstrap: str, topic: str, events: list[tuple[str, dict[str, Any]]]) -> float:
+    """Produce events one record per request (Tansu needs it); return the seconds it took."""
+    started = time.perf_counter()
+    produce(bootstrap, topic, ((k.encode(), orjson.dumps(v), None) for k, v in events))
+    return time.perf_counter() - started
+
+
+# -- 2. the node -----------------------------------------------------------------------------------------
+
+
+class NodeProcess:
+    """One ``iqgraph serve`` subprocess with the raw endpoint on, in a process group of its own."""
+
+    def __init__(self, workdir: Path, bootstrap: str, topic: str, port: int, master: str) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = workdir / "node.log"
+        (workdir / f"{APP_MODULE}.py").write_text(
+            "from examples.shop import build_app\n"
+            "from streaming.definitions import KafkaSettings\n\n"
+            f"app = build_app({topic!r}, {PARTITIONS}, KafkaSettings(bootstrap_servers={bootstrap!r}))\n"
+        )
+        self.command = [
+            sys.executable, "-m", "app.cli", "serve", "--app", f"{APP_MODULE}:app", "--bootstrap-servers", bootstrap,
+            "--port", str(port), "--state-dir", str(workdir / "state"), "--spark-master", master,
+        ]  # fmt: skip
+        pythonpath = os.pathsep.join(filter(None, [str(workdir), str(ROOT), os.environ.get("PYTHONPATH")]))
+        self.env = {**os.environ, "PYTHONPATH": pythonpath, "IQGRAPH_RAW_ENDPOINT": "true"}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the node (Spark, the streaming query, uvicorn)."""
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(  # noqa: S603
+                self.command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def log_tail(self, size: int = 3000) -> str:
+        """Return the end of the node's output."""
+        return self.log_path.read_text(errors="replace")[-size:] if self.log_path.exists() else ""
+
+    def wait_caught_up(self, client: httpx.Client, events: int, timeout: float) -> float:
+        """Wait until /readyz answers 200 and every partition has applied all events; return the seconds."""
+        started = time.perf_counter()
+        query = "{ node { partitions { partition state appliedOffset lag } } }"
+        while time.perf_counter() - started < timeout:
+            if self.process is None or self.process.poll() is not None:
+                raise RuntimeError(f"the node exited early:\n{self.log_tail()}")
+            try:
+                if client.get(f"{self.url}/readyz").status_code == 200:
+                    parts = graphql(client, self.url, query)["node"]["partitions"]
+                    if len(parts) == PARTITIONS and sum(int(p["appliedOffset"]) for p in parts) >= events:
+                        return time.perf_counter() - started
+            except (httpx.TransportError, KeyError, TypeError):
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"the node did not catch up in {timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop the node gracefully (SIGINT: uvicorn drains, the node stops Spark), kill its group if stuck."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def graphql(client: httpx.Client, url: str, query: str, variables: dict[str, Any] | None = None) -> Any:
+    """Return the data of a GraphQL POST; raise on errors."""
+    response = client.post(f"{url}/graphql", json={"query": query, "variables": variables or {}})
+    body = response.json()
+    if response.status_code != 200 or body.get("errors"):
+        raise RuntimeError(f"GraphQL {response.status_code}: {body.get('errors')}")
+    return body["data"]
+
+
+# -- 3. point lookups ------------------------------------------------------------------------------------
+
+
+class Endpoint:
+    """One request to repeat under load."""
+
+    def __init__(self, name: str, method: str, path: str, body: bytes = b"") -> None:
+        self.name, self.method, self.path, self.body = name, method, path, body
+
+
+def endpoints(key: str) -> list[Endpoint]:
+    """Return (a) GraphQL POST, (b) raw GET and (c) GraphQL GET, each looking up key in the order count."""
+    query = f'{{ {FIELD} {{ get(key: "{key}") }} }}'
+    return [
+        Endpoint("graphql_post", "POST", "/graphql", orjson.dumps({"query": query})),
+        Endpoint("raw", "GET", f"/raw/{STORE}/{key}"),
+        Endpoint("graphql_get", "GET", f"/graphql?query={quote(query)}"),
+    ]
+
+
+def check_answers(client: httpx.Client, url: str, key: str, expected: int) -> None:
+    """Check that every endpoint answers expected for key, so that the load measures correct answers."""
+    for endpoint in endpoints(key):
+        response = client.request(
+            endpoint.method, url + endpoint.path, content=endpoint.body or None,
+            headers={"content-type": "application/json"} if endpoint.body else None,
+        )  # fmt: skip
+        body = response.json()
+        got = body.get("value") if endpoint.name == "raw" else (body.get("data") or {}).get(FIELD, {}).get("get")
+        if response.status_code != 200 or got is None or int(got) != expected:
+            raise RuntimeError(f"{endpoint.name} answered {response.status_code} {body}, expected {expected}")
+
+
+def wrk_script(directory: Path, endpoint: Endpoint) -> Path:
+    """Write the Lua script that makes wrk send endpoint's method, body and content type."""
+    path = directory / f"{endpoint.name}.lua"
+    lines = [f'wrk.method = "{endpoint.method}"']
+    if endpoint.body:
+        lines += [f"wrk.body = [==[{endpoint.body.decode()}]==]", 'wrk.headers["Content-Type"] = "application/json"']
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def run_wrk(url: str, endpoint: Endpoint, script: Path, args: argparse.Namespace, duration: float) -> dict[str, Any]:
+    """Run wrk against endpoint; return req/s, errors and latency percentiles (ms)."""
+    command = [
+        "wrk", f"-t{args.threads}", f"-c{args.connections}", f"-d{duration:g}s", "--latency", "-s", str(script),
+        url + endpoint.path,
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout  # noqa: S603
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if rate is None:
+        raise RuntimeError(f"cannot read wrk's output:\n{out}")
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    socket_errors = re.search(r"Socket errors:(.*)", out)
+    latency = {f"p{q}": float(v) * _UNITS[u] for q, v, u in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)", out, re.M)}
+    return {
+        "rps": float(rate.group(1)),
+        "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
+        "socket_errors": socket_errors.group(1).strip() if socket_errors else None,
+        **{k: round(v, 2) for k, v in latency.items()},
+    }
+
+
+async def _connection(host: str, port: int, request: bytes, deadline: float, latencies: list[float]) -> int:
+    """Send request over one keep-alive connection until deadline; return how many non-2xx answers came."""
+    reader, writer = await asyncio.open_connection(host, port)
+    bad = 0
+    try:
+        while time.perf_counter() < deadline:
+            sent = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+            await reader.readexactly(int(length.group(1)) if length else 0)
+            latencies.append((time.perf_counter() - sent) * 1000)
+            bad += not head.startswith(b"HTTP/1.1 2")
+    finally:
+        writer.close()
+    return bad
+
+
+def run_python(url: str, endpoint: Endpoint, args: argparse.Namespace, duration: float) -> dict[str, Any]:
+    """Run the Python keep-alive client against endpoint; return req/s, errors and latency percentiles (ms)."""
+    host, port = url.removeprefix("http://").split(":")
+    head = f"{endpoint.method} {endpoint.path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+    if endpoint.body:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(endpoint.body)}\r\n"
+    request = (head + "\r\n").encode() + endpoint.body
+    latencies: list[float] = []
+
+    async def load() -> int:
+        deadline = time.perf_counter() + duration
+        tasks = [_connection(host, int(port), request, deadline, latencies) for _ in range(args.connections)]
+        return sum(await asyncio.gather(*tasks))
+
+    started = time.perf_counter()
+    bad = asyncio.run(load())
+    took = time.perf_counter() - started
+    return {
+        "rps": len(latencies) / took,
+        "non_2xx": bad,
+        "socket_errors": None,
+        "p50": round(percentile(latencies, 50) or 0, 2),
+        "p99": round(percentile(latencies, 99) or 0, 2),
+    }
+
+
+def point_lookups(url: str, key: str, args: argparse.Namespace, workdir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Run every endpoint for args.duration, alternating, args.rounds times (after a short warm-up each)."""
+    use_wrk = args.client == "wrk"
+    scripts = {e.name: wrk_script(workdir, e) for e in endpoints(key)} if use_wrk else {}
+
+    def run(endpoint: Endpoint, duration: float) -> dict[str, Any]:
+        if use_wrk:
+            return run_wrk(url, endpoint, scripts[endpoint.name], args, duration)
+        return run_python(url, endpoint, args, duration)
+
+    runs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for endpoint in endpoints(key):
+        run(endpoint, args.warmup)
+    for round_ in range(args.rounds):
+        for endpoint in endpoints(key):
+            result = run(endpoint, args.duration)
+            runs[endpoint.name].append(result)
+            print(f"  round {round_ + 1}: {endpoint.name:<13} {result['rps']:>9,.0f} req/s", flush=True)
+    return runs
+
+
+# -- 4. getMany ------------------------------------------------------------------------------------------
+
+
+def many_keys() -> list[str]:
+    """Return 1,000 distinct keys: every shop customer (existing or not), then 500 that never exist."""
+    return [f"customer-{i:04d}" for i in range(2 * CUSTOMERS)]
+
+
+def get_many_latency(
+    client: httpx.Client, url: str, keys: list[str], counts: collections.Counter[str], samples: int, inline: bool
+) -> list[float]:
+    """Return the ms of samples sequential getMany requests of keys (after a warm-up); check each answer."""
+    if inline:
+        payload: dict[str, Any] = {"query": f"{{ {FIELD} {{ getMany(keys: {json.dumps(keys)}) }} }}"}
+    else:
+        payload = {"query": f"query($k: [String!]!) {{ {FIELD} {{ getMany(keys: $k) }} }}", "variables": {"k": keys}}
+    body = orjson.dumps(payload)
+    expected = [counts.get(k) for k in keys]
+    latencies = []
+    for n in range(samples + 5):
+        started = time.perf_counter()
+        response = client.post(f"{url}/graphql", content=body, headers={"content-type": "application/json"})
+        took = (time.perf_counter() - started) * 1000
+        answer = orjson.loads(response.content)
+        values = (answer.get("data") or {}).get(FIELD, {}).get("getMany")
+        if answer.get("errors") or values is None or [None if v is None else int(v) for v in values] != expected:
+            raise RuntimeError(f"getMany answered wrongly: {str(answer)[:500]}")
+        if n >= 5:
+            latencies.append(took)
+    return latencies
+
+
+# -- 5. report -------------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: int) -> float | None:
+    """Return the q-th percentile of values (inclusive method), None when there are none."""
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def machine() -> dict[str, object]:
+    """Return what the figures depend on besides the code."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "load_1min": round(os.getloadavg()[0], 2),
+    }
+
+
+def _median(runs: list[dict[str, Any]], name: str) -> float:
+    return statistics.median(r[name] for r in runs)
+
+
+def _latency(values: list[float]) -> dict[str, float | None]:
+    p50, p99 = percentile(values, 50), percentile(values, 99)
+    return {
+        "p50_ms": None if p50 is None else round(p50, 2),
+        "p99_ms": None if p99 is None else round(p99, 2),
+        "mean_ms": round(statistics.fmean(values), 2) if values else None,
+        "samples": len(values),
+    }
+
+
+def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Print the human-readable summary, then the JSON summary as the last line."""
+    rps = {name: round(_median(r, "rps")) for name, r in runs.items()}
+    ratio = rps["graphql_post"] / rps["raw"] if rps.get("raw") else None
+    get_ratio = rps["graphql_get"] / rps["raw"] if rps.get("raw") else None
+    inline, variables = _latency(figures.pop("getmany_inline")), _latency(figures.pop("getmany_variables"))
+    print(f"\nquery bench: {args.events:,} shop orders, {PARTITIONS} partitions, one node, {machine()}")
+    print(f"client: {args.client}, {args.connections} connections, {args.threads} threads, "
+          f"{args.duration:g} s per run, {args.rounds} rounds alternating, medians")  # fmt: skip
+    for name, label in (("graphql_post", "GraphQL POST"), ("raw", "raw GET"), ("graphql_get", "GraphQL GET")):
+        r = runs[name]
+        print(f"{label:<13} {rps[name]:>9,} req/s   p50 {_median(r, 'p50'):6.2f} ms  p99 {_median(r, 'p99'):6.2f} ms"
+              f"   runs {[round(x['rps']) for x in r]}")  # fmt: skip
+    print(f"ratio GraphQL POST / raw  {ratio:.3f}   target ≥ {TARGET_RATIO}   (GET: {get_ratio:.3f})")
+    existing = figures["getmany_existing_keys"]
+    print(f"getMany 1,000 keys ({existing} existing, {1000 - existing} missing), {args.samples} sequential requests:")
+    print(f"  inline     p50 {inline['p50_ms']:6.2f} ms  p99 {inline['p99_ms']:6.2f} ms   target p50 ≤ "
+          f"{TARGET_GETMANY_P50_MS:g}")  # fmt: skip
+    print(f"  variables  p50 {variables['p50_ms']:6.2f} ms  p99 {variables['p99_ms']:6.2f} ms")
+    errors = {n: sum(x["non_2xx"] for x in r) for n, r in runs.items()}
+    summary = {
+        "events": args.events,
+        "partitions": PARTITIONS,
+        "client": args.client,
+        "connections": args.connections,
+        "threads": args.threads,
+        "duration_s": args.duration,
+        "rounds": args.rounds,
+        "key": KEY,
+        "rps": rps,
+        "rps_runs": {n: [round(x["rps"]) for x in r] for n, r in runs.items()},
+        "latency_p50_ms": {n: _median(r, "p50") for n, r in runs.items()},
+        "non_2xx": errors,
+        "ratio_graphql_raw": None if ratio is None else round(ratio, 3),
+        "ratio_graphql_get_raw": None if get_ratio is None else round(get_ratio, 3),
+        "getmany": {"keys": 1000, "existing": existing, "inline": inline, "variables": variables},
+        **figures,
+        "targets": {"ratio_graphql_raw": TARGET_RATIO, "getmany_p50_ms": TARGET_GETMANY_P50_MS},
+        "met": {
+            "ratio": ratio is not None and ratio >= TARGET_RATIO,
+            "getmany_p50": (inline["p50_ms"] or 1e9) <= TARGET_GETMANY_P50_MS,
+        },
+        "machine": machine(),
+        "seconds": round(time.perf_counter() - args.started, 1),
+    }
+    print(json.dumps(summary, separators=(",", ":")))
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    """Return the command line options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=5_000, help="orders to produce before the node starts")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per load run")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per endpoint")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians are reported)")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads")
+    parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
+    parser.add_argument("--samples", type=int, default=50, help="sequential getMany requests")
+    parser.add_argument("--master", default="local[2]", help="the node's Spark master")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the node to start and catch up")
+    parser.add_argument("--keep-serving", type=float, default=0.0, help="serve this many more seconds (profiling)")
+    args = parser.parse_args()
+    if args.client == "auto":
+        args.client = "wrk" if shutil.which("wrk") else "python"
+    args.started = time.perf_counter()
+    return args
+
+
+def measure(args: argparse.Namespace, node: NodeProcess, events: list[Any], workdir: Path) -> tuple[Any, Any]:
+    """Wait for the node, check its answers, then run the point-lookup and getMany measurements."""
+    counts = collections.Counter(k for k, _ in events)
+    figures: dict[str, Any] = {}
+    with httpx.Client(timeout=30.0) as client:
+        figures["node_ready_s"] = round(node.wait_caught_up(client, len(events), args.timeout), 1)
+        print(f"node ready and caught up in {figures['node_ready_s']} s at {node.url}", flush=True)
+        check_answers(client, node.url, KEY, counts[KEY])
+        runs = point_lookups(node.url, KEY, args, workdir)
+        keys = many_keys()
+        figures["getmany_existing_keys"] = sum(k in counts for k in keys)
+        for inline in (True, False):
+            name = "getmany_inline" if inline else "getmany_variables"
+            figures[name] = get_many_latency(client, node.url, keys, counts, args.samples, inline)
+    if args.keep_serving:
+        print(f"serving {args.keep_serving:g} s more at {node.url} (pid {node.process and node.process.pid})")
+        time.sleep(args.keep_serving)
+    return figures, runs
+
+
+def main() -> None:
+    args = parse_args()
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    events = orders(args.events)
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-query-") as tmp:
+        broker.create_topics({topic: PARTITIONS})
+        took = produce_orders(broker.bootstrap_servers, topic, events)
+        print(f"produced {len(events):,} orders in {took:.1f} s; starting the node", flush=True)
+        node = NodeProcess(Path(tmp), broker.bootstrap_servers, topic, free_port(), args.master)
+        node.start()
+        try:
+            figures, runs = measure(args, node, events, Path(tmp))
+        finally:
+            node.stop()
+    report(args, figures, runs)
+
+
+if __name__ == "__main__":
+    main()
