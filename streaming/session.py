@@ -28,6 +28,11 @@ appender.stderr.layout.type = PatternLayout
 appender.stderr.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
 logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
 logger.nativecode.level = error
+# Harmless in our sink: a cached block computed by two coalesced tasks, and cancelling a finished job on stop.
+logger.blockmanager.name = org.apache.spark.storage.BlockManager
+logger.blockmanager.level = error
+logger.dagscheduler.name = org.apache.spark.scheduler.DAGScheduler
+logger.dagscheduler.level = error
 """
 
 
