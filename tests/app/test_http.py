@@ -64,26 +64,45 @@ def _wait_ready(url: str, process: subprocess.Popen[str], log: Path, timeout: fl
 
 
 @pytest.fixture(scope="module")
-def served(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[Served]:
+def served(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)
     assert app.generator is not None
     events = list(itertools.islice(app.generator(41, START_MS), EVENTS))
     send(broker, topic, events)
     home = tmp_path_factory.mktemp("served")
-    (home / "httpapp.py").write_text(textwrap.dedent(f"""
+    (home / "httpapp.py").write_text(
+        textwrap.dedent(f"""
         from examples.shop import build_app
         from streaming.definitions import KafkaSettings
         app = build_app({topic!r}, {PARTITIONS}, KafkaSettings(bootstrap_servers={broker.bootstrap_servers!r}))
-    """))
+    """)
+    )
     port = free_port()
     log = home / "serve.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--app", "httpapp:app", "--port", str(port),
-         "--state-dir", str(home / "state"), "--spark-master", "local[2]", "--max-keys", "600",
-         "--max-page-size", "200"],
-        cwd=home, env={**os.environ, "PYTHONPATH": f"{ROOT}:{home}"}, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "serve",
+            "--app",
+            "httpapp:app",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(home / "state"),
+            "--spark-master",
+            "local[2]",
+            "--max-keys",
+            "600",
+            "--max-page-size",
+            "200",
+        ],
+        cwd=home,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{home}"},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
         text=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -157,8 +176,10 @@ def test_get_queries_graphiql_and_probes(served: Served) -> None:
         (b'{"query": "{ nope }"}', "GRAPHQL_VALIDATION_FAILED"),
         (b'{"query": "{ orderCount { get(key: 5) } }"}', "GRAPHQL_VALIDATION_FAILED"),
         (b'{"query": "{ orderCount { all(first: 5000) { pageInfo { hasNextPage } } } }"}', "LIMIT_EXCEEDED"),
-        (b'{"query": "{ orderCount { all(first: 5, after: \\"forged\\") { pageInfo { hasNextPage } } } }"}',
-         "INVALID_CURSOR"),
+        (
+            b'{"query": "{ orderCount { all(first: 5, after: \\"forged\\") { pageInfo { hasNextPage } } } }"}',
+            "INVALID_CURSOR",
+        ),
     ],
 )
 def test_bad_requests_get_graphql_errors_with_codes(served: Served, body: bytes, code: str) -> None:
@@ -170,8 +191,9 @@ def test_bad_requests_get_graphql_errors_with_codes(served: Served, body: bytes,
 
 
 def test_too_many_keys_is_limit_exceeded(served: Served) -> None:
-    body = served.post("query($k: [String!]!) { orderCount { getMany(keys: $k) } }",
-                       {"k": [f"c-{i}" for i in range(601)]}).json()
+    body = served.post(
+        "query($k: [String!]!) { orderCount { getMany(keys: $k) } }", {"k": [f"c-{i}" for i in range(601)]}
+    ).json()
     assert body["errors"][0]["extensions"]["code"] == "LIMIT_EXCEEDED"
 
 

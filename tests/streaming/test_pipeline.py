@@ -104,11 +104,16 @@ def test_the_jvm_connector_is_selected_with_equivalent_options() -> None:
 
     ours = source_options(RunnerSettings("b:9092", {"security.protocol": "SSL"}), "orders", [1, 3], {1: 10, 3: 0})
     assert ours == {
-        "kafka.security.protocol": "SSL", "kafka.bootstrap.servers": "b:9092", "topic": "orders",
-        "partitions": "1,3", "startingOffsets": '{"1": 10, "3": 0}', "maxRecordsPerBatch": "200000",
+        "kafka.security.protocol": "SSL",
+        "kafka.bootstrap.servers": "b:9092",
+        "topic": "orders",
+        "partitions": "1,3",
+        "startingOffsets": '{"1": 10, "3": 0}',
+        "maxRecordsPerBatch": "200000",
     }
-    jvm = source_options(RunnerSettings("b:9092", source="kafka", max_records_per_batch=5), "orders", [1, 3],
-                         {1: 10, 3: 0})
+    jvm = source_options(
+        RunnerSettings("b:9092", source="kafka", max_records_per_batch=5), "orders", [1, 3], {1: 10, 3: 0}
+    )
     assert jvm["assign"] == '{"orders": [1, 3]}'
     assert jvm["startingOffsets"] == '{"orders": {"1": 10, "3": 0}}'
     assert jvm["maxOffsetsPerTrigger"] == "5" and jvm["kafka.bootstrap.servers"] == "b:9092"
