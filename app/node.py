@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -117,6 +118,24 @@ class Node:
             state=lambda: self.state.value,
         )
         self.state = NodeState.RUNNING
+
+    def watch_restore(self, progress: Progress, interval: float = 2.0) -> threading.Thread:
+        """Report restoring partitions and their lag every interval until all are queryable (a thread)."""
+
+        def watch() -> None:
+            while self.state is NodeState.RUNNING and self.queries is not None:
+                partitions = self.queries.node().partitions
+                restoring = [p for p in partitions if p.state != PartitionState.RUNNING.value]
+                if not restoring:
+                    progress(f"all {len(partitions)} partitions are queryable")
+                    return
+                lag = sum(p.lag for p in restoring)
+                progress(f"restoring {len(restoring)} of {len(partitions)} partitions: {lag:,} records to apply")
+                time.sleep(interval)
+
+        thread = threading.Thread(target=watch, name="restore-progress", daemon=True)
+        thread.start()
+        return thread
 
     def _spark(self) -> SparkSession:
         from streaming.session import build_spark_session

@@ -82,7 +82,9 @@ def graphql_app(node: Node) -> Any:
 def serve(settings: Settings, app: App) -> int:
     """Run a node until interrupted; return the exit code."""
     node = Node(settings, app)
-    node.start(progress=lambda message: print(f"iqgraph: {message}", flush=True))
+    progress = lambda message: print(f"iqgraph: {message}", flush=True)  # noqa: E731
+    node.start(progress=progress)
+    node.watch_restore(progress)
     try:
         asgi = build_asgi(node, graphql_app(node), raw_endpoint=settings.raw_endpoint)
         print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)

@@ -168,6 +168,15 @@ def test_get_queries_graphiql_and_probes(served: Served) -> None:
     assert httpx.get(f"{served.url}/readyz").status_code == 200
 
 
+def test_long_steps_show_progress(served: Served) -> None:
+    deadline = time.monotonic() + 30
+    while "partitions are queryable" not in served.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    output = served.log.read_text()
+    for step in ("checking Kafka", "starting Spark", "Spark ready in", "partitions are queryable", "serving shop"):
+        assert step in output, output
+
+
 @pytest.mark.parametrize(
     ("body", "code"),
     [
