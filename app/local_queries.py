@@ -5,10 +5,10 @@ Construct with ``LocalStoreQueries(app, value_types, partitions, node_id=…, ur
 runner's live ``partitions`` dict); ``end_offsets(topic, partitions)`` gives each partition's end offset
 for lag reporting (None: report the applied offset as the end).
 
-Keys are routed with the producers' partitioner. A store keyed by another column than the record key
-(not co-partitioned) may hold partial states of one key in several partitions: those are read from
-every partition and merged, which is why every read here asks the views for states and finalizes them
-only after merging. A partition that is not queryable yet is retried with backoff until a deadline.
+Two levels: ``lookup_states`` and ``scan_pages`` read mergeable states, optionally from a given set of
+partitions only (what the cluster layer routes here); the StoreQueries methods on top read every
+partition of the topic, combine and finalize (app.merging). Keys are routed with the producers'
+partitioner; a partition that is not queryable yet is retried with backoff until a deadline.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from app.scatter import Merge, decode_positions, merge_pages, merged_page
+from app.merging import Request, Scan, combiner, finalize, finalize_items, key_codec, scan_merge
+from app.scatter import Position, decode_positions, merge_pages, merged_page
 from schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, StoreInfo
 from stores import (
     Key,
-    KeyCodec,
     Page,
     PartitionStores,
     StoreError,
@@ -35,8 +35,6 @@ from stores import (
     UnknownStoreError,
     WindowedValue,
 )
-from stores.aggregations import Aggregation, aggregation_named, merge_state
-from stores.codecs import encode_int64
 from streaming.definitions import App, StoreDefinition
 from streaming.partitioner import partition_for
 
@@ -45,6 +43,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 EndOffsets = Callable[[str, Sequence[int]], Mapping[int, int]]
+FAR_PAST, FAR_FUTURE = -(1 << 62), 1 << 62
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,25 @@ class RetryPolicy:
     deadline_ms: int = 2_000
     first_backoff_ms: int = 25
     max_backoff_ms: int = 400
+
+
+def store_info(app: App, store: StoreDefinition, value_type: DataType) -> StoreInfo:
+    """Return the metadata the schema shows for a store."""
+    topic = app.topic(store.topic)
+    return StoreInfo(
+        name=store.name,
+        kind=store.kind.value,
+        key_type=store.resolved_key_type(topic),
+        value_type=value_type,
+        topic=topic.name,
+        partitions=topic.partitions,
+        co_partitioned=store.co_partitioned,
+        description=store.description,
+        aggregation=None if store.kind is StoreKind.BLOOM else store.aggregate.kind,
+        window_size_ms=store.window.size_ms if store.window else None,
+        window_advance_ms=store.window.advance if store.window else None,
+        false_positive_rate=store.bloom.error_rate if store.bloom else None,
+    )
 
 
 class LocalStoreQueries:
@@ -70,6 +88,7 @@ class LocalStoreQueries:
         end_offsets: EndOffsets | None = None,
         retry: RetryPolicy | None = None,
         state: Callable[[], str] | None = None,
+        role: Callable[[str, int], str] | None = None,
     ) -> None:
         self.app = app
         self.partitions = partitions
@@ -78,59 +97,47 @@ class LocalStoreQueries:
         self.end_offsets = end_offsets
         self.retry = retry or RetryPolicy()
         self._state = state or (lambda: "RUNNING")
-        self._infos = [self._store_info(s, value_types[s.name]) for s in app.stores]
+        self._role = role or (lambda topic, partition: "active")
+        self._infos = [store_info(app, s, value_types[s.name]) for s in app.stores]
 
     # -- metadata -------------------------------------------------------------------------------
-
-    def _store_info(self, store: StoreDefinition, value_type: DataType) -> StoreInfo:
-        topic = self.app.topic(store.topic)
-        return StoreInfo(
-            name=store.name,
-            kind=store.kind.value,
-            key_type=store.resolved_key_type(topic),
-            value_type=value_type,
-            topic=topic.name,
-            partitions=topic.partitions,
-            co_partitioned=store.co_partitioned,
-            description=store.description,
-            aggregation=None if store.kind is StoreKind.BLOOM else store.aggregate.kind,
-            window_size_ms=store.window.size_ms if store.window else None,
-            window_advance_ms=store.window.advance if store.window else None,
-            false_positive_rate=store.bloom.error_rate if store.bloom else None,
-        )
 
     def stores(self) -> Sequence[StoreInfo]:
         """Return every store of the app."""
         return self._infos
 
     def node(self) -> NodeInfo:
-        """Return this node with the state and lag of every partition it hosts."""
+        """Return this node with the role, state and lag of every partition it hosts."""
         infos = []
         for topic, hosted in sorted(self.partitions.items()):
             owned = sorted(hosted)
-            ends = self.end_offsets(topic, owned) if self.end_offsets else {}
+            ends = self.end_offsets(topic, owned) if self.end_offsets and owned else {}
             for p in owned:
                 db = hosted[p].db
                 applied = db.next_offset()
-                infos.append(PartitionInfo(topic, p, "active", db.state.value, applied, ends.get(p, applied)))
+                role = self._role(topic, p)
+                infos.append(PartitionInfo(topic, p, role, db.state.value, applied, ends.get(p, applied)))
         return NodeInfo(self.node_id, self.url, self._state(), tuple(infos))
 
     def nodes(self) -> Sequence[NodeInfo]:
         """Return the nodes known here: only this one."""
         return [self.node()]
 
-    def definition(self, store: str) -> StoreDefinition:
-        """Return the definition of store; raise UnknownStoreError naming the known stores."""
+    def definition(self, store: str, kind: StoreKind | None = None) -> StoreDefinition:
+        """Return the definition of store (of kind, if given); raise UnknownStoreError otherwise."""
         try:
-            return self.app.store(store)
+            definition = self.app.store(store)
         except KeyError:
             known = ", ".join(s.name for s in self.app.stores)
             raise UnknownStoreError(f"no store named {store!r} (stores: {known})") from None
+        if kind is not None and definition.kind is not kind:
+            raise UnknownStoreError(f"store {store!r} is a {definition.kind.value} store, not {kind.value}")
+        return definition
 
     def partition_of(self, definition: StoreDefinition, key: Key) -> int | None:
         """Return the partition holding key of a co-partitioned store (None: any partition may)."""
         topic = self.app.topic(definition.topic)
-        KeyCodec(definition.resolved_key_type(topic)).check(key)
+        key_codec(self.app, definition).check(key)
         if not definition.co_partitioned:
             return None
         return partition_for(key, topic.partitions, topic.key_format, self.app.kafka.partitioner)
@@ -143,219 +150,161 @@ class LocalStoreQueries:
         active = self.node_id if (partition in hosted if partition is not None else bool(hosted)) else None
         return KeyQueryMetadata(store, partition, active)
 
-    # -- routing and retries ----------------------------------------------------------------------
+    # -- hosting and retries ----------------------------------------------------------------------
 
-    def _hosted(self, definition: StoreDefinition, partition: int) -> PartitionStores:
+    def hosted(self, definition: StoreDefinition, partition: int) -> PartitionStores:
+        """Return the stores of a partition hosted here; raise StoreMigratedError if it is not."""
         stores = self.partitions.get(definition.topic, {}).get(partition)
         if stores is None:
             raise StoreMigratedError(f"partition {definition.topic}-{partition} is not hosted by {self.node_id}")
         return stores
 
-    def _all_hosted(self, definition: StoreDefinition) -> dict[int, PartitionStores]:
-        hosted = dict(self.partitions.get(definition.topic, {}))
-        topic = self.app.topic(definition.topic)
-        missing = sorted(set(range(topic.partitions)) - set(hosted))
-        if missing:
-            raise StoreMigratedError(f"partitions {missing} of {topic.name} are not hosted by {self.node_id}")
-        return hosted
+    def _wanted(self, definition: StoreDefinition, partitions: Collection[int] | None) -> list[int]:
+        return sorted(range(self.app.topic(definition.topic).partitions) if partitions is None else partitions)
 
-    async def _retrying(self, read: Callable[[], T]) -> T:
+    async def retrying(self, read: Callable[[], T]) -> T:
         """Run read, retrying with backoff while a partition is not ready, until the deadline."""
         deadline = time.monotonic() + self.retry.deadline_ms / 1000
         backoff = self.retry.first_backoff_ms / 1000
         while True:
             try:
                 return read()
-            except StoreNotReadyError:
+            except StoreNotReadyError as exc:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or isinstance(exc, StoreMigratedError):
                     raise
                 await asyncio.sleep(min(backoff, remaining))
                 backoff = min(backoff * 2, self.retry.max_backoff_ms / 1000)
 
-    def _aggregation(self, definition: StoreDefinition) -> Aggregation:
-        return aggregation_named("latest" if definition.kind is StoreKind.BLOOM else definition.aggregate.kind)
+    # -- state level ------------------------------------------------------------------------------
 
-    # -- point lookups ---------------------------------------------------------------------------
+    def _read(self, stores: PartitionStores, definition: StoreDefinition, requests: list[Request]) -> list[Any]:
+        name = definition.name
+        keys = [r[0] for r in requests]
+        if definition.kind is StoreKind.KEY_VALUE:
+            return stores.kv(name).multi_get(keys, states=True)
+        if definition.kind is StoreKind.BLOOM:
+            return list(stores.bloom(name).might_contain_many(keys))
+        view = stores.window(name)
+        return [
+            view.fetch(k, FAR_PAST if lo is None else lo, FAR_FUTURE if hi is None else hi, states=True)
+            for k, lo, hi in requests
+        ]
 
-    async def _per_partition(
-        self,
-        definition: StoreDefinition,
-        keys: Sequence[Key],
-        read: Callable[[PartitionStores, list[Key], list[int]], list[Any]],
-        combine: Callable[[Any, Any], Any],
+    def _read_group(self, definition: StoreDefinition, partitions: list[int], requests: list[Request]) -> list[Any]:
+        combine = combiner(definition)
+        merged: list[Any] | None = None
+        for partition in partitions:
+            values = self._read(self.hosted(definition, partition), definition, requests)
+            merged = values if merged is None else [combine(a, b) for a, b in zip(merged, values, strict=True)]
+        return merged if merged is not None else [None] * len(requests)
+
+    async def lookup_states(
+        self, store: str, requests: Sequence[Request], partitions: Collection[int] | None = None
     ) -> list[Any]:
-        """Return read's results per key: one call per partition, combined across partitions if needed."""
-        results: list[Any] = [None] * len(keys)
+        """Return the state of each lookup (an exception in place of a failed one), from partitions only."""
+        definition = self.definition(store)
+        wanted = self._wanted(definition, partitions)
+        results: list[Any] = [None] * len(requests)
         groups: dict[int | None, list[int]] = defaultdict(list)
-        for i, key in enumerate(keys):
+        for i, request in enumerate(requests):
             try:
-                groups[self.partition_of(definition, key)].append(i)
+                partition = self.partition_of(definition, request[0])
+                if partition is not None and partition not in wanted:
+                    raise StoreMigratedError(f"partition {definition.topic}-{partition} is not served here")
+                groups[partition].append(i)
             except StoreError as exc:
                 results[i] = exc
         for partition, indexes in groups.items():
+            batch = [requests[i] for i in indexes]
+            group = wanted if partition is None else [partition]
             try:
-                values = await self._retrying(
-                    partial(self._read_group, definition, partition, keys, indexes, read, combine)
-                )
+                values = await self.retrying(partial(self._read_group, definition, group, batch))
             except StoreError as exc:
                 values = [exc] * len(indexes)
             for i, value in zip(indexes, values, strict=True):
                 results[i] = value
         return results
 
-    def _read_group(
+    def _page(
+        self, stores: PartitionStores, definition: StoreDefinition, scan: Scan, first: int, after: str | None
+    ) -> Page[Any]:
+        a, name = scan.args, definition.name
+        if scan.kind == "range":
+            return stores.kv(name).range(a.get("from_key"), a.get("to_key"), first, after, states=True)
+        if scan.kind == "prefix":
+            return stores.kv(name).prefix(a["prefix"], first, after, states=True)
+        window = stores.window(name)
+        lo, hi = a.get("time_from", FAR_PAST), a.get("time_to", FAR_FUTURE)
+        if scan.kind == "fetch_all":
+            return window.fetch_all(lo, hi, first, after, states=True)
+        return window.fetch_range(a.get("from_key"), a.get("to_key"), lo, hi, first, after, states=True)
+
+    async def scan_pages(
         self,
-        definition: StoreDefinition,
-        partition: int | None,
-        keys: Sequence[Key],
-        indexes: list[int],
-        read: Callable[[PartitionStores, list[Key], list[int]], list[Any]],
-        combine: Callable[[Any, Any], Any],
-    ) -> list[Any]:
-        batch = [keys[i] for i in indexes]
-        if partition is not None:
-            return read(self._hosted(definition, partition), batch, indexes)
-        merged: list[Any] | None = None
-        for stores in self._all_hosted(definition).values():
-            values = read(stores, batch, indexes)
-            merged = values if merged is None else [combine(a, b) for a, b in zip(merged, values, strict=True)]
-        return merged or [None] * len(batch)
+        store: str,
+        scan: Scan,
+        positions: Mapping[str, Position],
+        first: int,
+        partitions: Collection[int] | None = None,
+    ) -> dict[str, Page[Any]]:
+        """Return one page of states per partition not yet exhausted, each resumed at its position."""
+        definition = self.definition(store)
+        wanted = [p for p in self._wanted(definition, partitions) if positions.get(str(p), "") is not None]
+
+        def pages() -> dict[str, Page[Any]]:
+            return {
+                str(p): self._page(self.hosted(definition, p), definition, scan, first, positions.get(str(p)))
+                for p in wanted
+            }
+
+        return await self.retrying(pages)
+
+    # -- StoreQueries ---------------------------------------------------------------------------
+
+    async def _lookup(self, store: str, kind: StoreKind, requests: Sequence[Request]) -> list[Any]:
+        definition = self.definition(store, kind)
+        return [finalize(definition, r) for r in await self.lookup_states(store, requests)]
 
     async def get_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
         """Return the value of each key of a key-value store, in key order (None when absent)."""
-        definition = self._kind(store, StoreKind.KEY_VALUE)
-        agg = self._aggregation(definition)
-        states = await self._per_partition(
-            definition, keys, lambda s, b, _: s.kv(store).multi_get(b, states=True), lambda a, b: merge_state(agg, a, b)
-        )
-        return [s if isinstance(s, Exception) or s is None else agg.finalize(s) for s in states]
+        return await self._lookup(store, StoreKind.KEY_VALUE, [(k, None, None) for k in keys])
 
     async def might_contain_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
         """Return, per key of a bloom store, whether it was probably added."""
-        definition = self._kind(store, StoreKind.BLOOM)
-        return await self._per_partition(
-            definition, keys, lambda s, b, _: s.bloom(store).might_contain_many(b), lambda a, b: a or b
-        )
+        return await self._lookup(store, StoreKind.BLOOM, [(k, None, None) for k in keys])
 
     async def fetch_many(self, store: str, requests: Sequence[tuple[Key, int, int]]) -> list[Any]:
         """Return, per (key, time_from, time_to), the key's windows with start in that range."""
-        definition = self._kind(store, StoreKind.WINDOW)
-        agg = self._aggregation(definition)
+        return await self._lookup(store, StoreKind.WINDOW, list(requests))
 
-        def read(stores: PartitionStores, batch: list[Key], indexes: list[int]) -> list[Any]:
-            view = stores.window(store)
-            return [
-                view.fetch(k, requests[i][1], requests[i][2], states=True) for k, i in zip(batch, indexes, strict=True)
-            ]
-
-        keys = [key for key, _, _ in requests]
-        found = await self._per_partition(definition, keys, read, lambda a, b: _merge_windows(agg, a, b))
-        return [f if isinstance(f, Exception) else [_final_window(agg, w) for w in f] for f in found]
-
-    def _kind(self, store: str, kind: StoreKind) -> StoreDefinition:
+    async def scan(self, store: str, scan: Scan, first: int, after: str | None) -> Page[Any]:
+        """Return one merged page of a scan over every partition, values finalized."""
         definition = self.definition(store)
-        if definition.kind is not kind:
-            raise UnknownStoreError(f"store {store!r} is a {definition.kind.value} store, not {kind.value}")
-        return definition
-
-    # -- scans -----------------------------------------------------------------------------------
-
-    async def _scan(
-        self,
-        definition: StoreDefinition,
-        first: int,
-        after: str | None,
-        read: Callable[[PartitionStores, str | None], Page[T]],
-        merge: Merge[T],
-    ) -> Page[T]:
         before = decode_positions(after)
-
-        def pages() -> dict[str, Page[T]]:
-            hosted = self._all_hosted(definition)
-            return {
-                str(p): read(s, before.get(str(p))) for p, s in hosted.items() if before.get(str(p), "") is not None
-            }
-
-        found = await self._retrying(pages)
-        items, positions = merge_pages(found, first, merge)
-        return merged_page(items, positions, before)
-
-    def _kv_merge(self, definition: StoreDefinition, codec: KeyCodec) -> Merge[tuple[Key, Any]]:
-        agg = self._aggregation(definition)
-        return Merge(
-            sort_key=lambda item: codec.encode(item[0]),
-            position_of=lambda item: codec.encode(item[0]),
-            combine=lambda a, b: (a[0], merge_state(agg, a[1], b[1])),
-        )
-
-    async def _kv_scan(
-        self, store: str, first: int, after: str | None, read: Callable[[Any, int, str | None], Page[tuple[Key, Any]]]
-    ) -> Page[tuple[Key, Any]]:
-        definition = self._kind(store, StoreKind.KEY_VALUE)
-        codec = KeyCodec(definition.resolved_key_type(self.app.topic(definition.topic)))
-        agg = self._aggregation(definition)
-        page = await self._scan(
-            definition, first, after, lambda s, a: read(s.kv(store), first, a), self._kv_merge(definition, codec)
-        )
-        return Page([(k, agg.finalize(v)) for k, v in page.items], page.next_cursor)
+        pages = await self.scan_pages(store, scan, before, first)
+        items, positions = merge_pages(pages, first, scan_merge(self.app, definition, scan))
+        page = merged_page(items, positions, before)
+        return Page(finalize_items(definition, scan, page.items), page.next_cursor)
 
     async def range(
         self, store: str, from_key: Key | None, to_key: Key | None, first: int, after: str | None
     ) -> Page[tuple[Key, Any]]:
         """Return a page of (key, value) with from_key <= key <= to_key, in key order, over all partitions."""
-        return await self._kv_scan(store, first, after, lambda kv, n, a: kv.range(from_key, to_key, n, a, states=True))
+        self.definition(store, StoreKind.KEY_VALUE)
+        return await self.scan(store, Scan("range", {"from_key": from_key, "to_key": to_key}), first, after)
 
     async def prefix(self, store: str, prefix: str, first: int, after: str | None) -> Page[tuple[Key, Any]]:
         """Return a page of (key, value) whose string key starts with prefix, over all partitions."""
-        return await self._kv_scan(store, first, after, lambda kv, n, a: kv.prefix(prefix, n, a, states=True))
-
-    async def approximate_count(self, store: str) -> int:
-        """Return about how many keys the store holds over all partitions."""
-        definition = self.definition(store)
-
-        def count() -> int:
-            hosted = self._all_hosted(definition).values()
-            if definition.kind is StoreKind.KEY_VALUE:
-                return sum(s.kv(store).approximate_num_entries() for s in hosted)
-            if definition.kind is StoreKind.BLOOM:
-                return sum(s.bloom(store).approximate_count() for s in hosted)
-            return sum(s.db.family(store).property_int_value("rocksdb.estimate-num-keys") or 0 for s in hosted)
-
-        return await self._retrying(count)
-
-    def _window_merge(self, definition: StoreDefinition, by_time: bool) -> Merge[WindowedValue]:
-        codec = KeyCodec(definition.resolved_key_type(self.app.topic(definition.topic)))
-        agg = self._aggregation(definition)
-
-        def window_key(w: WindowedValue) -> bytes:
-            return codec.encode_window_key(w.key, w.start)
-
-        def combine(a: WindowedValue, b: WindowedValue) -> WindowedValue:
-            return WindowedValue(a.key, a.start, a.end, merge_state(agg, a.value, b.value))
-
-        if by_time:
-
-            def index_key(w: WindowedValue) -> bytes:
-                return encode_int64(w.start) + window_key(w)
-
-            return Merge(index_key, index_key, combine)
-        return Merge(window_key, window_key, combine)
+        self.definition(store, StoreKind.KEY_VALUE)
+        return await self.scan(store, Scan("prefix", {"prefix": prefix}), first, after)
 
     async def fetch_all(
         self, store: str, time_from: int, time_to: int, first: int, after: str | None
     ) -> Page[WindowedValue]:
         """Return a page of every key's windows with start in [time_from, time_to], by start then key."""
-        definition = self._kind(store, StoreKind.WINDOW)
-        agg = self._aggregation(definition)
-        page = await self._scan(
-            definition,
-            first,
-            after,
-            lambda s, a: s.window(store).fetch_all(time_from, time_to, first, a, states=True),
-            self._window_merge(definition, by_time=True),
-        )
-        return Page([_final_window(agg, w) for w in page.items], page.next_cursor)
+        self.definition(store, StoreKind.WINDOW)
+        return await self.scan(store, Scan("fetch_all", {"time_from": time_from, "time_to": time_to}), first, after)
 
     async def fetch_range(
         self,
@@ -368,27 +317,30 @@ class LocalStoreQueries:
         after: str | None,
     ) -> Page[WindowedValue]:
         """Return a page of windows of keys in [from_key, to_key] with start in the range, by key then time."""
-        definition = self._kind(store, StoreKind.WINDOW)
-        agg = self._aggregation(definition)
-        page = await self._scan(
-            definition,
-            first,
-            after,
-            lambda s, a: s.window(store).fetch_range(from_key, to_key, time_from, time_to, first, a, states=True),
-            self._window_merge(definition, by_time=False),
-        )
-        return Page([_final_window(agg, w) for w in page.items], page.next_cursor)
+        self.definition(store, StoreKind.WINDOW)
+        args = {"from_key": from_key, "to_key": to_key, "time_from": time_from, "time_to": time_to}
+        return await self.scan(store, Scan("fetch_range", args), first, after)
 
+    async def count_states(self, store: str, partitions: Collection[int] | None = None) -> int:
+        """Return the approximate number of keys in the given partitions (all by default)."""
+        definition = self.definition(store)
+        wanted = self._wanted(definition, partitions)
 
-def _merge_windows(agg: Aggregation, a: list[WindowedValue], b: list[WindowedValue]) -> list[WindowedValue]:
-    by_start = {w.start: w for w in a}
-    for w in b:
-        old = by_start.get(w.start)
-        by_start[w.start] = (
-            w if old is None else WindowedValue(w.key, w.start, w.end, merge_state(agg, old.value, w.value))
-        )
-    return [by_start[s] for s in sorted(by_start)]
+        def count() -> int:
+            total = 0
+            for p in wanted:
+                stores = self.hosted(definition, p)
+                if definition.kind is StoreKind.KEY_VALUE:
+                    total += stores.kv(store).approximate_num_entries()
+                elif definition.kind is StoreKind.BLOOM:
+                    total += stores.bloom(store).approximate_count()
+                else:
+                    stores.db.check_queryable()
+                    total += stores.db.family(store).property_int_value("rocksdb.estimate-num-keys") or 0
+            return total
 
+        return await self.retrying(count)
 
-def _final_window(agg: Aggregation, window: WindowedValue) -> WindowedValue:
-    return WindowedValue(window.key, window.start, window.end, agg.finalize(window.value))
+    async def approximate_count(self, store: str) -> int:
+        """Return about how many keys the store holds over all partitions."""
+        return await self.count_states(store)

@@ -1,0 +1,115 @@
+"""How results of one store combine across partitions (and nodes), and become values.
+
+Reads return *states* (what the stores keep: mergeable); a store not keyed by the record key holds
+partial states of one key in several partitions, so states are combined first and finalized last.
+This module knows, per store kind, how to combine two results, how to finalize one, and how to order,
+combine and locate the items of a scan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.scatter import Merge
+from stores import Key, KeyCodec, StoreKind, WindowedValue
+from stores.aggregations import Aggregation, aggregation_named, merge_state
+from stores.codecs import encode_int64
+from streaming.definitions import App, StoreDefinition
+
+#: A point lookup: the key, and for a window store the range of window starts.
+Request = tuple[Key, int | None, int | None]
+SCAN_KINDS = ("range", "prefix", "fetch_all", "fetch_range")
+
+
+@dataclass(frozen=True)
+class Scan:
+    """A scan of one store: its kind and arguments (JSON-able, so that it can be forwarded)."""
+
+    kind: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCAN_KINDS:
+            raise ValueError(f"unknown scan {self.kind!r}; known: {SCAN_KINDS}")
+
+
+def aggregation_of(definition: StoreDefinition) -> Aggregation:
+    """Return the aggregation a store's states are merged with."""
+    return aggregation_named("latest" if definition.kind is StoreKind.BLOOM else definition.aggregate.kind)
+
+
+def combiner(definition: StoreDefinition) -> Callable[[Any, Any], Any]:
+    """Return how two partitions' results for one lookup combine."""
+    if definition.kind is StoreKind.BLOOM:
+        return lambda a, b: bool(a) or bool(b)
+    agg = aggregation_of(definition)
+    if definition.kind is StoreKind.WINDOW:
+        return lambda a, b: merge_windows(agg, a or [], b or [])
+    return lambda a, b: merge_state(agg, a, b)
+
+
+def finalize(definition: StoreDefinition, result: Any) -> Any:
+    """Return the value of one lookup's state (exceptions and missing values pass through)."""
+    if isinstance(result, Exception) or result is None or definition.kind is StoreKind.BLOOM:
+        return result
+    agg = aggregation_of(definition)
+    if definition.kind is StoreKind.WINDOW:
+        return [final_window(agg, w) for w in result]
+    return agg.finalize(result)
+
+
+def merge_windows(agg: Aggregation, a: Sequence[WindowedValue], b: Sequence[WindowedValue]) -> list[WindowedValue]:
+    """Return the windows of a and b, those with the same start combined, in time order."""
+    by_start = {w.start: w for w in a}
+    for w in b:
+        old = by_start.get(w.start)
+        by_start[w.start] = (
+            w if old is None else WindowedValue(w.key, w.start, w.end, merge_state(agg, old.value, w.value))
+        )
+    return [by_start[s] for s in sorted(by_start)]
+
+
+def final_window(agg: Aggregation, window: WindowedValue) -> WindowedValue:
+    """Return window with its state finalized into a value."""
+    return WindowedValue(window.key, window.start, window.end, agg.finalize(window.value))
+
+
+def key_codec(app: App, definition: StoreDefinition) -> KeyCodec:
+    """Return the key codec of a store."""
+    return KeyCodec(definition.resolved_key_type(app.topic(definition.topic)))
+
+
+def scan_merge(app: App, definition: StoreDefinition, scan: Scan) -> Merge[Any]:
+    """Return how the items of a scan's partition pages are ordered, combined and located."""
+    codec = key_codec(app, definition)
+    agg = aggregation_of(definition)
+    if scan.kind in ("range", "prefix"):
+        return Merge(
+            sort_key=lambda item: codec.encode(item[0]),
+            position_of=lambda item: codec.encode(item[0]),
+            combine=lambda a, b: (a[0], merge_state(agg, a[1], b[1])),
+        )
+
+    def window_key(w: WindowedValue) -> bytes:
+        return codec.encode_window_key(w.key, w.start)
+
+    def combine(a: WindowedValue, b: WindowedValue) -> WindowedValue:
+        return WindowedValue(a.key, a.start, a.end, merge_state(agg, a.value, b.value))
+
+    if scan.kind == "fetch_all":
+
+        def index_key(w: WindowedValue) -> bytes:
+            return encode_int64(w.start) + window_key(w)
+
+        return Merge(index_key, index_key, combine)
+    return Merge(window_key, window_key, combine)
+
+
+def finalize_items(definition: StoreDefinition, scan: Scan, items: list[Any]) -> list[Any]:
+    """Return a scan's merged state items as values."""
+    agg = aggregation_of(definition)
+    if scan.kind in ("range", "prefix"):
+        return [(k, agg.finalize(v)) for k, v in items]
+    return [final_window(agg, w) for w in items]
