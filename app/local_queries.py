@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from app.merging import Request, Scan, combiner, finalize, finalize_items, key_codec, scan_merge
+from app.merging import Request, combiner, finalize, finalize_items, key_codec, scan_merge
 from app.scatter import Position, decode_positions, merge_pages, merged_page
-from schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, StoreInfo
+from schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, Scan, StoreInfo
 from stores import (
     Key,
     Page,

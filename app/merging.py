@@ -9,10 +9,10 @@ combine and locate the items of a scan.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from app.scatter import Merge
+from schema.types import Scan
 from stores import Key, KeyCodec, StoreKind, WindowedValue
 from stores.aggregations import Aggregation, aggregation_named, merge_state
 from stores.codecs import encode_int64
@@ -20,19 +20,6 @@ from streaming.definitions import App, StoreDefinition
 
 #: A point lookup: the key, and for a window store the range of window starts.
 Request = tuple[Key, int | None, int | None]
-SCAN_KINDS = ("range", "prefix", "fetch_all", "fetch_range")
-
-
-@dataclass(frozen=True)
-class Scan:
-    """A scan of one store: its kind and arguments (JSON-able, so that it can be forwarded)."""
-
-    kind: str
-    args: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.kind not in SCAN_KINDS:
-            raise ValueError(f"unknown scan {self.kind!r}; known: {SCAN_KINDS}")
 
 
 def aggregation_of(definition: StoreDefinition) -> Aggregation:

@@ -44,6 +44,7 @@ from strawberry.types import ExecutionContext, ExecutionResult
 from schema.bloom_fields import bloom_type
 from schema.dynamic import Field, object_type, resolved_field, resolver_with
 from schema.errors import ErrorCodes, log_errors, with_codes
+from schema.internal import internal_fields
 from schema.keys import key_kind
 from schema.kv_fields import key_value_type
 from schema.limits import Limits
@@ -160,7 +161,8 @@ def build_schema(
     """
     settled = limits or Limits()
     plans = plan_stores(stores, settled)
-    query = object_type("Query", [*(_store_field(p) for p in plans.values()), *metadata_fields(plans)], description)
+    fields = [*(_store_field(p) for p in plans.values()), *metadata_fields(plans), *internal_fields()]
+    query = object_type("Query", fields, description)
     alias_rule = settled.alias_rule()  # one class for every request, so the validation cache hits
     extensions: list[Callable[[], SchemaExtension]] = [
         ErrorCodes,

@@ -10,7 +10,7 @@ from schema.limits import Limits
 from schema.loaders import Loaders
 
 if TYPE_CHECKING:
-    from schema.types import StoreQueries
+    from schema.types import PeerQueries, StoreQueries
 
 
 @dataclass
@@ -22,6 +22,7 @@ class Context:
     loaders: Loaders = field(init=False)
     request: Any = None
     response: Any = None
+    local: PeerQueries | None = None  # answers forwarded sub-requests (the internal _ fields)
 
     def __post_init__(self) -> None:
         self.loaders = Loaders(self.queries)

@@ -7,7 +7,7 @@ Streams' interactive queries: KeyQueryMetadata (active node, standby nodes, part
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -74,6 +74,45 @@ class StoreInfo:
     window_advance_ms: int | None = None
     false_positive_rate: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+SCAN_KINDS = ("range", "prefix", "fetch_all", "fetch_range")
+
+
+@dataclass(frozen=True)
+class Scan:
+    """A scan of one store: its kind and arguments (JSON-able, so that it can be forwarded to a peer)."""
+
+    kind: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCAN_KINDS:
+            raise ValueError(f"unknown scan {self.kind!r}; known: {SCAN_KINDS}")
+
+
+class PeerQueries(Protocol):
+    """What a node answers a peer's forwarded sub-request with: states from given partitions only."""
+
+    def node(self) -> NodeInfo:
+        """Return this node, with the role, state and lag of its partitions."""
+        ...
+
+    async def lookup_states(
+        self, store: str, requests: Sequence[tuple[Key, int | None, int | None]], partitions: Sequence[int] | None
+    ) -> list[Result]:
+        """Return the mergeable state of each lookup from the given partitions (an exception where it failed)."""
+        ...
+
+    async def scan_pages(
+        self, store: str, scan: Scan, positions: Mapping[str, str | None], first: int, partitions: Sequence[int] | None
+    ) -> dict[str, Page[Any]]:
+        """Return one page of states per given partition not exhausted, resumed at its position."""
+        ...
+
+    async def count_states(self, store: str, partitions: Sequence[int] | None) -> int:
+        """Return the approximate number of keys in the given partitions."""
+        ...
 
 
 class StoreQueries(Protocol):
