@@ -50,6 +50,7 @@ from schema.kv_fields import key_value_type
 from schema.limits import Limits
 from schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fields
 from schema.naming import TypeNames, camel_case, pascal_case
+from schema.reports import ClusterReports
 from schema.resolving import StorePlan
 from schema.scalars import SCALARS
 from schema.types import StoreInfo
@@ -166,6 +167,7 @@ def build_schema(
     alias_rule = settled.alias_rule()  # one class for every request, so the validation cache hits
     extensions: list[Callable[[], SchemaExtension]] = [
         ErrorCodes,
+        ClusterReports,
         lambda: AddValidationRules([alias_rule]),
         lambda: ParserCache(maxsize=cache_size),
         lambda: ValidationCache(maxsize=cache_size),

@@ -10,6 +10,7 @@ the key's partition, active node and standby nodes. ``keyMetadata`` takes the st
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,9 +138,12 @@ def metadata_fields(plans: Mapping[str, StorePlan]) -> list[Field]:
         with store_errors():
             return node_metadata(context(info).queries.node())
 
-    def nodes(root: Any, info: strawberry.Info) -> list[NodeMetadata]:
+    async def nodes(root: Any, info: strawberry.Info) -> list[NodeMetadata]:
         with store_errors():
-            return [node_metadata(n) for n in context(info).queries.nodes()]
+            found = context(info).queries.nodes()
+            if inspect.isawaitable(found):  # a cluster asks its peers
+                found = await found
+            return [node_metadata(n) for n in found]
 
     def key_metadata(root: Any, info: strawberry.Info, store: str, key: str) -> KeyQueryMetadata:
         plan = plans.get(store) or by_field.get(store)

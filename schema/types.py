@@ -7,7 +7,7 @@ Streams' interactive queries: KeyQueryMetadata (active node, standby nodes, part
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -126,8 +126,8 @@ class StoreQueries(Protocol):
         """Return this node."""
         ...
 
-    def nodes(self) -> Sequence[NodeInfo]:
-        """Return every node of the cluster, as this node knows them."""
+    def nodes(self) -> Sequence[NodeInfo] | Awaitable[Sequence[NodeInfo]]:
+        """Return every node of the cluster, as this node knows them (a cluster may await its peers)."""
         ...
 
     def key_metadata(self, store: str, key: Key) -> KeyQueryMetadata:

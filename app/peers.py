@@ -1,0 +1,131 @@
+"""The peer client: forwarded sub-requests to other nodes' GraphQL endpoints, over one httpx client.
+
+Each call is ONE GraphQL request to one peer, marked with the forwarded header (the peer answers from
+its own partitions only) and carrying the caller's Authorization header. Explicit timeouts and
+connection limits; keep-alive connections are reused across requests. Counts what it sends per peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from schema.asgi import FORWARDED_HEADER
+
+LOOKUP = """query($store: String!, $requests: JSON!, $partitions: [Int!], $withLag: Boolean!) {
+  _lookup(store: $store, requests: $requests, partitions: $partitions, withLag: $withLag) }"""
+SCAN = """query($store: String!, $scan: JSON!, $positions: JSON!, $first: Int!, $partitions: [Int!]) {
+  _scan(store: $store, scan: $scan, positions: $positions, first: $first, partitions: $partitions) }"""
+COUNT = """query($store: String!, $partitions: [Int!]) { _count(store: $store, partitions: $partitions) }"""
+NODE = """{ node { id url state partitions { topic partition role state appliedOffset endOffset } } }"""
+
+
+class PeerError(Exception):
+    """A peer answered a forwarded sub-request with an error."""
+
+    def __init__(self, message: str, code: str, extensions: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.extensions = dict(extensions or {"code": code})
+
+
+class PeerUnavailableError(PeerError):
+    """The peer could not be reached, timed out or failed (5xx)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "NODE_UNAVAILABLE")
+
+
+class PeerClient:
+    """Send forwarded sub-requests to peers."""
+
+    def __init__(
+        self, node_id: str, *, timeout_s: float = 5.0, connect_timeout_s: float = 1.0, max_connections: int = 64
+    ) -> None:
+        self.node_id = node_id
+        self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.sent: Counter[str] = Counter()
+        self._clients: dict[int, httpx.AsyncClient] = {}
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = id(asyncio.get_running_loop())
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = httpx.AsyncClient(timeout=self.timeout, limits=self.limits)
+        return client
+
+    async def query(self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None) -> Any:
+        """Return the data of one forwarded GraphQL request; raise PeerError / PeerUnavailableError."""
+        headers = {FORWARDED_HEADER: self.node_id}
+        if authorization:
+            headers["authorization"] = authorization
+        self.sent[url] += 1
+        try:
+            response = await self._client().post(
+                f"{url}/graphql", json={"query": query, "variables": variables}, headers=headers
+            )
+        except httpx.HTTPError as exc:
+            raise PeerUnavailableError(f"peer {url} is unreachable: {exc.__class__.__name__}") from exc
+        if response.status_code >= 500:
+            raise PeerUnavailableError(f"peer {url} failed with HTTP {response.status_code}")
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise PeerUnavailableError(f"peer {url} answered something that is not JSON") from exc
+        if body.get("errors"):
+            error = body["errors"][0]
+            extensions = error.get("extensions") or {}
+            raise PeerError(f"peer {url}: {error.get('message')}", str(extensions.get("code", "INTERNAL")), extensions)
+        return body["data"]
+
+    async def lookup(
+        self,
+        url: str,
+        store: str,
+        requests: Sequence[Any],
+        partitions: Sequence[int],
+        with_lag: bool,
+        authorization: str | None,
+    ) -> Any:
+        """Return the peer's {results, lag} for lookups of store in partitions."""
+        variables = {
+            "store": store,
+            "requests": [list(r) for r in requests],
+            "partitions": list(partitions),
+            "withLag": with_lag,
+        }
+        return (await self.query(url, LOOKUP, variables, authorization))["_lookup"]
+
+    async def scan(
+        self,
+        url: str,
+        store: str,
+        scan: Mapping[str, Any],
+        positions: Mapping[str, Any],
+        first: int,
+        partitions: Sequence[int],
+        authorization: str | None,
+    ) -> Any:
+        """Return the peer's pages ({partition: {items, next}}) of a scan of store."""
+        variables = {
+            "store": store,
+            "scan": dict(scan),
+            "positions": dict(positions),
+            "first": first,
+            "partitions": list(partitions),
+        }
+        return (await self.query(url, SCAN, variables, authorization))["_scan"]
+
+    async def count(self, url: str, store: str, partitions: Sequence[int], authorization: str | None) -> int:
+        """Return the peer's approximate key count of store in partitions."""
+        data = await self.query(url, COUNT, {"store": store, "partitions": list(partitions)}, authorization)
+        return int(data["_count"])
+
+    async def node(self, url: str, authorization: str | None) -> Any:
+        """Return the peer's own node metadata."""
+        return (await self.query(url, NODE, {}, authorization))["node"]
