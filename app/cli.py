@@ -42,6 +42,10 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-records-per-batch", type=int, help="records per micro-batch at most")
     parser.add_argument("--max-keys", type=int, help="keys per getMany at most (default 1000)")
     parser.add_argument("--max-page-size", type=int, help="page size at most (default 1000)")
+    parser.add_argument("--membership", choices=["static", "kafka"], help="how nodes find each other (default static)")
+    parser.add_argument("--peers", help="static membership: every node as id=URL (or URLs: node-0, node-1, …)")
+    parser.add_argument("--standbys", type=int, help="standby copies of each partition on other nodes (default 0)")
+    parser.add_argument("--max-lag", type=int, help="let a standby answer when it is at most this many records behind")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
 
 

@@ -165,6 +165,10 @@ class StaticMembership:
         """Call callback when a peer's health changes."""
         self._callbacks.append(callback)
 
+    def mark_down(self, node_id: str) -> None:
+        """Treat node_id as down now (a forwarded request to it failed); health checks bring it back."""
+        self.set_down(self._map.down | {node_id})
+
     def set_down(self, down: frozenset[str]) -> None:
         """Record which peers failed their health check (this node is never down to itself)."""
         down = down - {self.node_id}

@@ -14,7 +14,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from app.cluster_queries import ClusterStoreQueries
+from app.health import PeerHealth
 from app.local_queries import LocalStoreQueries, RetryPolicy
+from app.membership import ClusterMap, Member, Membership, StaticMembership, parse_peers
+from app.peers import PeerClient
 from app.settings import Settings
 from stores import PartitionState, StateDirectory, StoreError
 from streaming.definitions import App, DefinitionError
@@ -54,6 +58,11 @@ class Node:
         self.spark: SparkSession | None = None
         self.runner: StreamRunner | None = None
         self.queries: LocalStoreQueries | None = None
+        self.cluster: ClusterStoreQueries | None = None
+        self.membership: Membership | None = None
+        self.peers: PeerClient | None = None
+        self.health: PeerHealth | None = None
+        self._hosted: dict[str, list[int]] = {}
 
     def _client_config(self) -> dict[str, str]:
         return {**self.app.kafka.config, **self.settings.kafka, "bootstrap.servers": self.bootstrap_servers}
@@ -86,7 +95,12 @@ class Node:
         except StoreError as exc:
             raise NodeStartError(str(exc)) from None
         progress(f"checking Kafka at {self.bootstrap_servers}")
-        assignment = self.assignment or self.check_topics()
+        self.check_topics()
+        self.membership = self._membership()
+        progress(f"joining the cluster ({self.settings.membership} membership)")
+        self.membership.start()
+        assignment = self.assignment or self.membership.current().hosted_partitions(self.settings.node_id)
+        self._hosted = {t: sorted(ps) for t, ps in assignment.items()}
         try:
             for topic, partitions in assignment.items():
                 for partition in partitions:
@@ -116,8 +130,50 @@ class Node:
             end_offsets=lambda topic, ps: runner.offsets(topic).latest(ps),
             retry=RetryPolicy(deadline_ms=self.settings.not_ready_deadline_ms),
             state=lambda: self.state.value,
+            role=self._role,
         )
+        self.peers = PeerClient(self.settings.node_id)
+        self.cluster = ClusterStoreQueries(self.queries, self.membership, self.peers, max_lag=self.settings.max_lag)
+        self.membership.subscribe(self._on_new_map)
+        if isinstance(self.membership, StaticMembership) and len(self.membership.current().members) > 1:
+            self.health = PeerHealth(self.membership)
+            self.health.start()
         self.state = NodeState.RUNNING
+
+    def _membership(self) -> Membership:
+        """Return the membership the settings ask for."""
+        settings = self.settings
+        partitions = {t.name: t.partitions for t in self.app.topics}
+        if settings.membership == "kafka":
+            from app.group_membership import GroupMembership
+
+            return GroupMembership(
+                settings.node_id,
+                settings.url,
+                self.app.name,
+                partitions,
+                self.bootstrap_servers,
+                kafka_config={**self.app.kafka.config, **settings.kafka},
+                standbys=settings.standbys,
+            )
+        try:
+            members = parse_peers(settings.peers) if settings.peers else [Member(settings.node_id, settings.url)]
+            return StaticMembership(settings.node_id, members, partitions, settings.standbys)
+        except ValueError as exc:
+            raise NodeStartError(str(exc)) from None
+
+    def _role(self, topic: str, partition: int) -> str:
+        owners = self.membership.current().owners_of(topic, partition) if self.membership else None
+        return "standby" if owners is not None and owners.active != self.settings.node_id else "active"
+
+    def _on_new_map(self, cmap: ClusterMap) -> None:
+        """Restart the streaming queries when the partitions this node hosts change."""
+        hosted = {t: sorted(ps) for t, ps in cmap.hosted_partitions(self.settings.node_id).items()}
+        if hosted == self._hosted or self.runner is None or self.state is not NodeState.RUNNING:
+            return
+        log.warning("partitions move: now hosting %s (generation %d)", hosted, cmap.generation)
+        self._hosted = hosted
+        threading.Thread(target=self.runner.reassign, args=(hosted,), name="reassign", daemon=True).start()
 
     def watch_restore(self, progress: Progress, interval: float = 2.0) -> threading.Thread:
         """Report restoring partitions and their lag every interval until all are queryable (a thread)."""
@@ -164,6 +220,10 @@ class Node:
     def stop(self) -> None:
         """Stop the streaming queries, close every store cleanly, stop Spark."""
         self.state = NodeState.STOPPING
+        if self.health is not None:
+            self.health.stop()
+        if self.membership is not None:
+            self.membership.stop()
         if self.runner is not None:
             self.runner.stop()
         if self.spark is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -19,6 +20,7 @@ from starlette.routing import Route
 
 from app.node import Node
 from app.settings import Settings
+from schema.asgi import FORWARDED_HEADER
 
 if TYPE_CHECKING:
     from streaming.definitions import App
@@ -42,14 +44,37 @@ def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Starlett
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
+    counted = ForwardCounter(graphql)
+
+    async def metrics(_: Request) -> Response:
+        sent = {} if node.peers is None else dict(node.peers.sent)
+        body = {"node": node.settings.node_id, "forwarded_sent": sent, "forwarded_received": dict(counted.received)}
+        return JSONResponse(body)
+
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/graphql", graphql, methods=["GET", "POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/graphql", counted, methods=["GET", "POST"]),
     ]
     if raw_endpoint:
         routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
     return Starlette(routes=routes)
+
+
+class ForwardCounter:
+    """ASGI wrapper counting the forwarded sub-requests received, per sending node."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.received: Counter[str] = Counter()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Count a forwarded request, then serve it."""
+        origin = dict(scope.get("headers") or []).get(FORWARDED_HEADER.encode())
+        if origin is not None:
+            self.received[origin.decode()] += 1
+        await self.app(scope, receive, send)
 
 
 def _raw_lookup(node: Node) -> Any:
@@ -76,7 +101,9 @@ def graphql_app(node: Node) -> Any:
         max_keys=settings.max_keys, max_page_size=settings.max_page_size, default_page_size=settings.default_page_size
     )
     schema = build_schema(node.queries.stores(), limits, description=node.app.description)
-    return GraphQLApp(schema, node.queries, limits)
+    cluster = node.cluster or node.queries
+    queries_for = node.cluster.bind if node.cluster is not None else None
+    return GraphQLApp(schema, cluster, limits, local=node.queries, queries_for=queries_for)
 
 
 def serve(settings: Settings, app: App) -> int:

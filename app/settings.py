@@ -43,6 +43,10 @@ class Settings:
     default_page_size: int = 100
     not_ready_deadline_ms: int = 2_000
     raw_endpoint: bool = False
+    membership: str = "static"  # "static" (--peers) or "kafka" (consumer group, as Kafka Streams)
+    peers: str | None = None  # id=URL,… (or URL,… named node-0, node-1, … in order); None: a single node
+    standbys: int = 0
+    max_lag: int | None = None  # records a standby may be behind and still answer; None: no stale reads
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -56,12 +60,18 @@ class Settings:
         for name in ("max_records_per_batch", "max_keys", "max_page_size", "default_page_size", "shuffle_partitions"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive (--{name.replace('_', '-')})")
+        if self.membership not in ("static", "kafka"):
+            raise SettingsError(f"membership must be 'static' or 'kafka', not {self.membership!r} (--membership)")
+        if self.standbys < 0 or (self.max_lag is not None and self.max_lag < 0):
+            raise SettingsError("standbys and max_lag must not be negative (--standbys, --max-lag)")
         if self.default_page_size > self.max_page_size:
             raise SettingsError("default_page_size must not exceed max_page_size")
 
 
 def _convert(name: str, raw: Any, kind: Any) -> Any:
-    if kind in (int, "int"):
+    if kind in ("int | None",) and raw in (None, "", "none", "None"):
+        return None
+    if kind in (int, "int", "int | None"):
         try:
             return int(raw)
         except (TypeError, ValueError):
