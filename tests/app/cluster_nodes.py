@@ -1,0 +1,118 @@
+"""Start real `iqgraph serve` node processes on loopback for cluster tests (and the cluster benchmark)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from streaming.broker import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class NodeProcess:
+    """One node: its id, URL, process and log."""
+
+    id: str
+    url: str
+    process: subprocess.Popen[str]
+    log: Path
+
+    def post(self, query: str, variables: dict[str, Any] | None = None, **headers: str) -> dict[str, Any]:
+        response = httpx.post(
+            f"{self.url}/graphql", json={"query": query, "variables": variables or {}}, headers=headers, timeout=60
+        )
+        result: dict[str, Any] = response.json()
+        return result
+
+    def metrics(self) -> dict[str, Any]:
+        result: dict[str, Any] = httpx.get(f"{self.url}/metrics", timeout=10).json()
+        return result
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def write_app_module(home: Path, name: str, topic: str, partitions: int, bootstrap: str) -> None:
+    """Write a module `name` in home whose `app` is the shop example on topic."""
+    (home / f"{name}.py").write_text(
+        textwrap.dedent(f"""
+        from examples.shop import build_app
+        from streaming.definitions import KafkaSettings
+        app = build_app({topic!r}, {partitions}, KafkaSettings(bootstrap_servers={bootstrap!r}))
+    """)
+    )
+
+
+def start_nodes(home: Path, module: str, count: int, extra: Sequence[Sequence[str]] = ()) -> list[NodeProcess]:
+    """Start count nodes of one static cluster (extra[i]: more flags for node i)."""
+    ports = [free_port() for _ in range(count)]
+    peers = ",".join(f"node-{i}=http://127.0.0.1:{port}" for i, port in enumerate(ports))
+    nodes = []
+    for i, port in enumerate(ports):
+        log = home / f"node-{i}.log"
+        flags = list(extra[i]) if i < len(extra) else []
+        command = [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "serve",
+            "--app",
+            f"{module}:app",
+            "--port",
+            str(port),
+            "--node-id",
+            f"node-{i}",
+            "--peers",
+            peers,
+            "--state-dir",
+            str(home / f"state-{i}"),
+            "--spark-master",
+            "local[1]",
+            "--driver-memory",
+            "768m",
+            *flags,
+        ]
+        process = subprocess.Popen(
+            command,
+            cwd=home,
+            env={**os.environ, "PYTHONPATH": f"{ROOT}:{home}"},
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        nodes.append(NodeProcess(f"node-{i}", f"http://127.0.0.1:{port}", process, log))
+    return nodes
+
+
+def wait_ready(nodes: Sequence[NodeProcess], timeout: float = 300) -> None:
+    """Wait until every node answers /readyz with 200."""
+    deadline = time.monotonic() + timeout
+    pending = list(nodes)
+    while pending and time.monotonic() < deadline:
+        for node in list(pending):
+            if node.process.poll() is not None:
+                raise AssertionError(f"{node.id} exited {node.process.returncode}:\n{node.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{node.url}/readyz", timeout=2).status_code == 200:
+                    pending.remove(node)
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+    if pending:
+        raise AssertionError(
+            f"not ready after {timeout} s: {[n.id for n in pending]}\n"
+            + "\n".join(n.log.read_text()[-2000:] for n in pending)
+        )

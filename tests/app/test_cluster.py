@@ -1,0 +1,126 @@
+"""Three real nodes (uvicorn + Spark + the embedded broker) on loopback: any node answers any query."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from examples.shop import build_app
+from streaming.broker import EmbeddedBroker
+from streaming.partitioner import partition_for
+from tests.app.cluster_nodes import NodeProcess, start_nodes, wait_ready, write_app_module
+from tests.conftest import MakeTopic
+from tests.streaming.ground_truth import Expected, expected
+from tests.streaming.test_pipeline import START_MS, send
+
+PARTITIONS = 6
+EVENTS = 3_000
+GET_MANY = "query($k: [String!]!) { orderCount { getMany(keys: $k) } }"
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[list[NodeProcess], Expected, str]]:
+    topic = make_topic(PARTITIONS, prefix="orders")
+    app = build_app(topic, PARTITIONS)
+    assert app.generator is not None
+    events = list(itertools.islice(app.generator(61, START_MS), EVENTS))
+    send(broker, topic, events)
+    home = tmp_path_factory.mktemp("cluster")
+    write_app_module(home, "clusterapp", topic, PARTITIONS, broker.bootstrap_servers)
+    # node-0 lets a standby answer (stale reads allowed); node-1 does not.
+    nodes = start_nodes(
+        home, "clusterapp", 3, [["--standbys", "1", "--max-lag", "1000000"], ["--standbys", "1"], ["--standbys", "1"]]
+    )
+    try:
+        wait_ready(nodes)
+        yield nodes, expected(app, events), topic
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def _owner(key: str) -> str:
+    return f"node-{partition_for(key, PARTITIONS, 'string', 'murmur2') % 3}"
+
+
+def test_any_key_on_any_node_returns_its_owners_value(cluster: Any) -> None:
+    nodes, truth, _ = cluster
+    counts = truth.kv["order_count"]
+    keys = sorted(counts)
+    assert {_owner(k) for k in keys} == {"node-0", "node-1", "node-2"}
+    for node in nodes:
+        body = node.post(GET_MANY, {"k": keys})
+        assert body["data"]["orderCount"]["getMany"] == [counts[k] for k in keys], node.id
+    meta = nodes[0].post(
+        '{ keyMetadata(store: "order_count", key: "customer-0001") { partition activeNode standbyNodes } }'
+    )
+    found = meta["data"]["keyMetadata"]
+    assert found["activeNode"] == f"node-{found['partition'] % 3}"
+    assert found["standbyNodes"] == [f"node-{(found['partition'] + 1) % 3}"]
+
+
+def test_a_thousand_keys_make_one_forwarded_request_per_peer(cluster: Any) -> None:
+    nodes, truth, _ = cluster
+    keys = sorted(truth.kv["order_count"]) + [f"nobody-{i}" for i in range(1000)]
+    keys = keys[:1000]
+    before = [n.metrics()["forwarded_received"].get("node-0", 0) for n in nodes]
+    body = nodes[0].post(GET_MANY, {"k": keys})
+    assert "errors" not in body
+    after = [n.metrics()["forwarded_received"].get("node-0", 0) for n in nodes]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [0, 1, 1]
+
+
+def test_scans_across_nodes_equal_the_union_without_gaps_or_duplicates(cluster: Any) -> None:
+    nodes, truth, _ = cluster
+    for node in nodes:
+        seen, after = [], None
+        while True:
+            page = node.post(
+                "query($a: String) { totalQuantity { all(first: 23, after: $a) { edges { node { key value } } "
+                "pageInfo { hasNextPage endCursor } } } }",
+                {"a": after},
+            )["data"]["totalQuantity"]["all"]
+            seen += [(e["node"]["key"], e["node"]["value"]) for e in page["edges"]]
+            if not page["pageInfo"]["hasNextPage"]:
+                break
+            after = page["pageInfo"]["endCursor"]
+        assert seen == sorted(truth.kv["total_quantity"].items()), node.id
+    items = nodes[1].post('{ itemsSold { mightContainMany(keys: ["widget", "never-sold"]) } }')
+    assert items["data"]["itemsSold"]["mightContainMany"] == [True, False]
+
+
+def test_a_forwarded_request_is_never_forwarded_again(cluster: Any) -> None:
+    nodes, truth, _ = cluster
+    key = next(k for k in sorted(truth.kv["order_count"]) if _owner(k) == "node-1")
+    body = nodes[0].post(GET_MANY, {"k": [key]}, **{"x-iqgraph-forwarded": "node-9"})
+    error = body["data"]["orderCount"]["getMany"] is None or body.get("errors")
+    assert error and body["errors"][0]["extensions"]["code"] == "STORE_MIGRATED", body
+
+
+def test_when_a_node_dies_standbys_answer_with_lag_or_keys_fail_clearly(cluster: Any) -> None:
+    nodes, truth, _ = cluster
+    counts = truth.kv["order_count"]
+    keys = sorted(counts)
+    nodes[2].process.send_signal(signal.SIGKILL)
+    nodes[2].process.wait()
+    time.sleep(3)  # health checks notice
+    stale = nodes[0].post(GET_MANY, {"k": keys})
+    assert stale["data"]["orderCount"]["getMany"] == [counts[k] for k in keys]
+    lags = stale["extensions"]["staleness"]
+    assert {entry["node"] for entry in lags} == {"node-0"} and all(entry["lag"] == 0 for entry in lags)
+    strict = nodes[1].post(GET_MANY, {"k": keys})
+    values = strict["data"]["orderCount"]["getMany"]
+    for key, value in zip(keys, values, strict=True):
+        if _owner(key) == "node-2":
+            assert value is None
+        else:
+            assert value == counts[key]
+    codes = {e["extensions"]["code"] for e in strict["errors"]}
+    assert codes == {"STORE_NOT_AVAILABLE"}
