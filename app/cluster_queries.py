@@ -120,6 +120,16 @@ class ClusterStoreQueries:
         owners = self.membership.current().owners_of(definition.topic, partition)
         return KeyQueryMetadata(store, partition, owners.active, owners.standbys)
 
+    def placement(self, store: str) -> list[KeyQueryMetadata]:
+        """Return, per partition of store, its active and standby nodes from the cluster map."""
+        definition = self.local.definition(store)
+        cmap = self.membership.current()
+        found = []
+        for p in range(self.app.topic(definition.topic).partitions):
+            owners = cmap.owners_of(definition.topic, p)
+            found.append(KeyQueryMetadata(store, p, owners.active, owners.standbys))
+        return found
+
     # -- routing ----------------------------------------------------------------------------------
 
     def _server(self, cmap: ClusterMap, topic: str, partition: int) -> Server | ApiError:

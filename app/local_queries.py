@@ -150,6 +150,13 @@ class LocalStoreQueries:
         active = self.node_id if (partition in hosted if partition is not None else bool(hosted)) else None
         return KeyQueryMetadata(store, partition, active)
 
+    def placement(self, store: str) -> list[KeyQueryMetadata]:
+        """Return, per partition of store, this node if it hosts the partition."""
+        definition = self.definition(store)
+        hosted = self.partitions.get(definition.topic, {})
+        count = self.app.topic(definition.topic).partitions
+        return [KeyQueryMetadata(store, p, self.node_id if p in hosted else None) for p in range(count)]
+
     # -- hosting and retries ----------------------------------------------------------------------
 
     def hosted(self, definition: StoreDefinition, partition: int) -> PartitionStores:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import strawberry
@@ -29,6 +29,13 @@ class StoreKind(enum.Enum):
     KEY_VALUE = "key_value"
     WINDOW = "window"
     BLOOM = "bloom"
+
+
+@strawberry.type(description="Where one partition of a store lives.")
+class PartitionPlacement:
+    partition: int
+    active_node: str | None = strawberry.field(description="The id of the node serving it; null if none now.")
+    standby_nodes: list[str] = strawberry.field(description="The ids of the nodes keeping standby copies.")
 
 
 @strawberry.type(description="A state store of the app.")
@@ -49,6 +56,9 @@ class StoreMetadata:
     window_advance_ms: Long | None = strawberry.field(description="Window hop (window stores).")
     false_positive_rate: float | None = strawberry.field(description="Bloom stores' false-positive rate.")
     description: str | None = strawberry.field(description="What the app says the store holds.")
+    placement: list[PartitionPlacement] = strawberry.field(
+        description="Where each partition lives: its active node and standby nodes, as this node knows them."
+    )
 
 
 @strawberry.type(description="A topic-partition as a node hosts it.")
@@ -79,9 +89,15 @@ class KeyQueryMetadata:
     standby_nodes: list[str] = strawberry.field(description="The ids of the nodes keeping standby copies.")
 
 
-def store_metadata(info: StoreInfo, plan: StorePlan | None) -> StoreMetadata:
+def store_metadata(info: StoreInfo, plan: StorePlan | None, placement: Sequence[KeyQueryInfo] = ()) -> StoreMetadata:
     """Return the metadata of store info (plan: its place in the schema, if it has one)."""
     return StoreMetadata(
+        placement=[
+            PartitionPlacement(
+                partition=p.partition or 0, active_node=p.active_node, standby_nodes=list(p.standby_nodes)
+            )
+            for p in placement
+        ],
         name=info.name,
         graphql_field=plan.field if plan else None,
         kind=StoreKind(info.kind),
@@ -132,7 +148,8 @@ def metadata_fields(plans: Mapping[str, StorePlan]) -> list[Field]:
 
     def stores(root: Any, info: strawberry.Info) -> list[StoreMetadata]:
         with store_errors():
-            return [store_metadata(s, plans.get(s.name)) for s in context(info).queries.stores()]
+            queries = context(info).queries
+            return [store_metadata(s, plans.get(s.name), queries.placement(s.name)) for s in queries.stores()]
 
     def node(root: Any, info: strawberry.Info) -> NodeMetadata:
         with store_errors():
@@ -171,4 +188,11 @@ def metadata_fields(plans: Mapping[str, StorePlan]) -> list[Field]:
 
 
 METADATA_FIELDS = ("stores", "node", "nodes", "keyMetadata")
-METADATA_TYPES = ("StoreKind", "StoreMetadata", "PartitionMetadata", "NodeMetadata", "KeyQueryMetadata")
+METADATA_TYPES = (
+    "StoreKind",
+    "PartitionPlacement",
+    "StoreMetadata",
+    "PartitionMetadata",
+    "NodeMetadata",
+    "KeyQueryMetadata",
+)

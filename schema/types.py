@@ -134,6 +134,10 @@ class StoreQueries(Protocol):
         """Return where key of store lives."""
         ...
 
+    def placement(self, store: str) -> Sequence[KeyQueryMetadata]:
+        """Return, per partition of store, its active node and standby nodes."""
+        ...
+
     async def get_many(self, store: str, keys: Sequence[Key]) -> list[Result]:
         """Return the value of each key of a key-value store, in key order (None when absent)."""
         ...

@@ -66,6 +66,27 @@ def test_any_key_on_any_node_returns_its_owners_value(cluster: Any) -> None:
     assert found["standbyNodes"] == [f"node-{(found['partition'] + 1) % 3}"]
 
 
+def test_cluster_metadata_shows_every_node_and_where_partitions_live(cluster: Any) -> None:
+    nodes, _, topic = cluster
+    data = nodes[1].post(
+        "{ nodes { id state partitions { partition role state lag } } "
+        "stores { name placement { partition activeNode standbyNodes } } }"
+    )["data"]
+    assert [n["id"] for n in data["nodes"]] == ["node-0", "node-1", "node-2"]
+    for i, node in enumerate(data["nodes"]):
+        assert node["state"] == "RUNNING"
+        roles = {(p["partition"], p["role"]) for p in node["partitions"]}
+        assert roles == {(p, "active") for p in range(PARTITIONS) if p % 3 == i} | {
+            (p, "standby") for p in range(PARTITIONS) if (p + 1) % 3 == i
+        }
+        assert all(p["state"] == "RUNNING" and p["lag"] >= 0 for p in node["partitions"])
+    placement = next(s for s in data["stores"] if s["name"] == "order_count")["placement"]
+    assert placement == [
+        {"partition": p, "activeNode": f"node-{p % 3}", "standbyNodes": [f"node-{(p + 1) % 3}"]}
+        for p in range(PARTITIONS)
+    ]
+
+
 def test_a_thousand_keys_make_one_forwarded_request_per_peer(cluster: Any) -> None:
     nodes, truth, _ = cluster
     keys = sorted(truth.kv["order_count"]) + [f"nobody-{i}" for i in range(1000)]
@@ -124,3 +145,10 @@ def test_when_a_node_dies_standbys_answer_with_lag_or_keys_fail_clearly(cluster:
             assert value == counts[key]
     codes = {e["extensions"]["code"] for e in strict["errors"]}
     assert codes == {"STORE_NOT_AVAILABLE"}
+
+    partial = nodes[1].post("{ orderCount { all(first: 1000) { edges { node { key } } } } }")
+    seen = [e["node"]["key"] for e in partial["data"]["orderCount"]["all"]["edges"]]
+    assert seen == sorted(k for k in keys if _owner(k) != "node-2")
+    [error] = partial["errors"]
+    assert error["extensions"]["code"] == "PARTIAL_RESULT"
+    assert error["extensions"]["missingPartitions"] == [p for p in range(PARTITIONS) if p % 3 == 2]

@@ -1,0 +1,488 @@
+"""Cluster query speed: one getMany of 1,000 keys spread over 3 nodes, against all-local and per-key forwarding.
+
+One run, all on this machine:
+
+1. produce ``--events`` generated shop orders into a 6-partition topic of an embedded Tansu broker;
+2. start 3 nodes of one static cluster (``iqgraph serve`` subprocesses, ``local[1]`` Spark each, as the
+   cluster tests do; node i is active for the partitions p with p % 3 == i) and wait until node-0 answers
+   every customer's order count as the events give;
+3. time sequential requests, after a few warm-ups, each answer checked:
+   - cluster: ONE ``getMany`` of 1,000 keys sent to node-0 — the 500 shop customers ``customer-0000``..
+     ``customer-0499`` (existing or not) and 500 that never exist (``customer-0500``..``customer-0999``);
+     murmur2 spreads them over the 3 nodes, so node-0 forwards one sub-request to each peer;
+   - all-local: the same query of 1,000 keys that all live on node-0 (its shop customers, then absent
+     ``customer-NNNN`` keys past 0999 whose partition is node-0's); cluster and all-local alternate, so
+     that both see the same background load (the nodes' streaming queries keep polling the broker);
+   - naive per-key forwarding, as a hand-built layer would do it: node-0's own keys in one getMany to
+     node-0, and ONE request per remote key to its owner (``{ orderCount { get(key: …) } }``, marked as
+     forwarded so that the owner answers from its own partitions) — sequentially, key after key, and
+     concurrently (``--naive-concurrency`` requests in flight over keep-alive connections);
+4. check with GET /metrics on every node that one cluster query made exactly one forwarded request per
+   peer (and none else), and that the timed series did the same per query;
+5. a summary, and as the last line one JSON object with every figure.
+
+The client is the standard library's keep-alive ``http.client`` (asyncio streams for the concurrent
+variant): light, so that what is timed is the servers rather than the client. The naive client talks to
+the owners directly — one hop fewer than a layer inside node-0 would make — which flatters it.
+
+Targets (printed, not asserted): cluster p50 ≤ 2× all-local p50, naive sequential p50 ≥ 50× cluster p50,
+cluster p50 ≤ 25 ms.
+
+Usage: ``make bench-cluster`` or ``.venv/bin/python bench/cluster.py [--events N] [--samples S]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import itertools
+import json
+import os
+import platform
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, bench/ comes first on sys.path; put the repository ahead of it.
+sys.path.insert(0, str(ROOT))
+
+from examples.shop import CUSTOMERS, generate_orders  # noqa: E402
+from schema.asgi import FORWARDED_HEADER  # noqa: E402
+from streaming.broker import EmbeddedBroker, produce  # noqa: E402
+from streaming.partitioner import partition_for  # noqa: E402
+from tests.app.cluster_nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
+
+PARTITIONS = 6
+NODES = 3
+KEYS = 1_000
+SEED = 11
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+FIELD = "orderCount"
+GET_MANY = f"query($k: [String!]!) {{ {FIELD} {{ getMany(keys: $k) }} }}"
+GET_ONE = f"query($k: String!) {{ {FIELD} {{ get(key: $k) }} }}"
+APP_MODULE = "bench_cluster_app"
+TARGET_LOCAL_RATIO = 2.0
+TARGET_NAIVE_RATIO = 50.0
+TARGET_P50_MS = 25.0
+
+Values = list[int | None]
+
+
+# -- keys ------------------------------------------------------------------------------------------------
+
+
+def owner(key: str) -> int:
+    """Return the index of the node active for key's partition."""
+    return partition_for(key, PARTITIONS, "string", "murmur2") % NODES
+
+
+def spread_keys() -> list[str]:
+    """Return the shop customers (existing or not), then 500 keys that never exist: over every node."""
+    return [f"customer-{i:04d}" for i in range(2 * CUSTOMERS)]
+
+
+def local_keys(node: int) -> list[str]:
+    """Return 1,000 keys that all live on node: its shop customers first, then absent ones past 0999."""
+    names = (f"customer-{i:04d}" for i in itertools.count())
+    return list(itertools.islice((k for k in names if owner(k) == node), KEYS))
+
+
+# -- the cluster -----------------------------------------------------------------------------------------
+
+
+def produce_orders(bootstrap: str, topic: str, events: int) -> Counter[str]:
+    """Produce the bench's orders; return the order count per customer they give."""
+    orders = list(itertools.islice(generate_orders(SEED, START_MS), events))
+    produce(bootstrap, topic, ((k.encode(), orjson.dumps(v), None) for k, v in orders))
+    return Counter(k for k, _ in orders)
+
+
+def wait_caught_up(client: Client, url: str, counts: Counter[str], timeout: float) -> None:
+    """Wait until the cluster answers every customer's order count as the events give."""
+    keys = spread_keys()
+    expected = [counts.get(k) for k in keys]
+    deadline = time.monotonic() + timeout
+    answer: Any = None
+    while time.monotonic() < deadline:
+        answer = client.graphql(url, GET_MANY, {"k": keys})
+        if not answer.get("errors") and answer["data"][FIELD]["getMany"] == expected:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the cluster did not catch up in {timeout:.0f} s: {str(answer)[:500]}")
+
+
+def stop_nodes(nodes: Sequence[NodeProcess], timeout: float = 45.0) -> None:
+    """Stop every node gracefully (SIGINT: the node stops Spark and closes RocksDB); kill one that hangs."""
+    for node in nodes:
+        if node.process.poll() is None:
+            node.process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        try:
+            node.process.wait(max(0.1, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: fall back to a kill
+            node.kill()
+
+
+# -- the client ------------------------------------------------------------------------------------------
+
+
+class Client:
+    """Keep-alive HTTP/1.1 connections, one per node, over the standard library (little client overhead)."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, http.client.HTTPConnection] = {}
+
+    def post(self, url: str, body: bytes, headers: dict[str, str] | None = None) -> Any:
+        """Return the decoded JSON answer of a POST to url's /graphql."""
+        connection = self._connections.get(url)
+        if connection is None:
+            host, port = url.removeprefix("http://").split(":")
+            connection = self._connections[url] = http.client.HTTPConnection(host, int(port), timeout=60)
+        connection.request("POST", "/graphql", body, {"content-type": "application/json", **(headers or {})})
+        response = connection.getresponse()
+        return orjson.loads(response.read())
+
+    def graphql(self, url: str, query: str, variables: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+        """Return the answer of one GraphQL request."""
+        return self.post(url, orjson.dumps({"query": query, "variables": variables}), headers)
+
+    def close(self) -> None:
+        """Close every connection."""
+        for connection in self._connections.values():
+            connection.close()
+
+
+def get_many(client: Client, url: str, keys: list[str]) -> Values:
+    """Return the order count of each key, asking url once; raise on errors."""
+    answer = client.graphql(url, GET_MANY, {"k": keys})
+    if answer.get("errors"):
+        raise RuntimeError(f"getMany answered errors: {str(answer['errors'])[:500]}")
+    values: Values = answer["data"][FIELD]["getMany"]
+    return values
+
+
+def naive_sequential(client: Client, urls: list[str], keys: list[str]) -> Values:
+    """Return the order count of each key: node-0's keys in one request, then each other key from its owner."""
+    owners = [owner(k) for k in keys]
+    values: Values = [None] * len(keys)
+    local = [i for i, o in enumerate(owners) if o == 0]
+    for i, value in zip(local, get_many(client, urls[0], [keys[i] for i in local]), strict=True):
+        values[i] = value
+    forwarded = {FORWARDED_HEADER: "node-0"}
+    for i, key in enumerate(keys):
+        if owners[i] != 0:
+            answer = client.graphql(urls[owners[i]], GET_ONE, {"k": key}, forwarded)
+            if answer.get("errors"):
+                raise RuntimeError(f"get({key}) answered errors: {answer['errors']}")
+            values[i] = answer["data"][FIELD]["get"]
+    return values
+
+
+async def _exchange(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], request: bytes) -> Any:
+    reader, writer = stream
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
+    return orjson.loads(await reader.readexactly(length))
+
+
+def _request(url: str, key: str) -> bytes:
+    host = url.removeprefix("http://")
+    body = orjson.dumps({"query": GET_ONE, "variables": {"k": key}})
+    head = (
+        f"POST /graphql HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"{FORWARDED_HEADER}: node-0\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def naive_concurrent(client: Client, urls: list[str], keys: list[str], concurrency: int) -> Values:
+    """Return the order count of each key: node-0's keys in one request, the others per key, concurrency at once."""
+    owners = [owner(k) for k in keys]
+    values: Values = [None] * len(keys)
+    remote = iter([i for i, o in enumerate(owners) if o != 0])
+
+    async def worker() -> None:
+        streams: dict[str, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
+        try:
+            for i in remote:
+                url = urls[owners[i]]
+                if url not in streams:
+                    host, port = url.removeprefix("http://").split(":")
+                    streams[url] = await asyncio.open_connection(host, int(port))
+                answer = await _exchange(streams[url], _request(url, keys[i]))
+                if answer.get("errors"):
+                    raise RuntimeError(f"get({keys[i]}) answered errors: {answer['errors']}")
+                values[i] = answer["data"][FIELD]["get"]
+        finally:
+            for _, writer in streams.values():
+                writer.close()
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+    local = [i for i, o in enumerate(owners) if o == 0]
+    # The local getMany runs in a thread so that it overlaps the per-key requests, as a gather() would.
+    found = await asyncio.to_thread(get_many, client, urls[0], [keys[i] for i in local])
+    await asyncio.gather(*workers)
+    for i, value in zip(local, found, strict=True):
+        values[i] = value
+    return values
+
+
+# -- timing ----------------------------------------------------------------------------------------------
+
+
+def timed(fetch: Callable[[], Values], expected: Values) -> float:
+    """Return the ms one fetch took; raise when it answered wrongly."""
+    started = time.perf_counter()
+    values = fetch()
+    took = (time.perf_counter() - started) * 1000
+    if values != expected:
+        wrong = [(i, v, e) for i, (v, e) in enumerate(zip(values, expected, strict=True)) if v != e]
+        raise RuntimeError(f"wrong answers (index, got, expected): {wrong[:5]} of {len(wrong)}")
+    return took
+
+
+def series(fetches: dict[str, tuple[Callable[[], Values], Values]], samples: int, warmups: int) -> dict[str, Any]:
+    """Time each fetch samples times, alternating between them, after warmups each; return ms per fetch."""
+    for name, (fetch, expected) in fetches.items():
+        for _ in range(warmups):
+            timed(fetch, expected)
+    times: dict[str, list[float]] = {name: [] for name in fetches}
+    for _ in range(samples):
+        for name, (fetch, expected) in fetches.items():
+            times[name].append(timed(fetch, expected))
+    return times
+
+
+def forwarded(nodes: Sequence[NodeProcess]) -> list[dict[str, Any]]:
+    """Return every node's forwarded counters."""
+    return [node.metrics() for node in nodes]
+
+
+def forwarded_delta(before: list[dict[str, Any]], after: list[dict[str, Any]], urls: list[str]) -> dict[str, Any]:
+    """Return what node-0 sent to each peer and what each node received from anyone, between two snapshots."""
+    sent = {
+        f"node-{i}": after[0]["forwarded_sent"].get(url, 0) - before[0]["forwarded_sent"].get(url, 0)
+        for i, url in enumerate(urls)
+        if i
+    }
+    received = {
+        f"node-{i}": sum(a["forwarded_received"].values()) - sum(b["forwarded_received"].values())
+        for i, (a, b) in enumerate(zip(after, before, strict=True))
+    }
+    return {"sent_by_node_0": sent, "received": received}
+
+
+def one_request_per_peer(delta: dict[str, Any], queries: int) -> bool:
+    """Return whether queries cluster queries made exactly one forwarded request per peer each, and no other."""
+    peers = [f"node-{i}" for i in range(1, NODES)]
+    return all(delta["sent_by_node_0"][p] == queries for p in peers) and delta["received"] == {
+        "node-0": 0,
+        **{p: queries for p in peers},
+    }
+
+
+# -- report ----------------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: int) -> float:
+    """Return the q-th percentile of values (inclusive method)."""
+    if len(values) < 2:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def latency(values: list[float]) -> dict[str, Any]:
+    """Return p50, p99 and mean of values in ms."""
+    return {
+        "p50_ms": round(percentile(values, 50), 2),
+        "p99_ms": round(percentile(values, 99), 2),
+        "mean_ms": round(statistics.fmean(values), 2),
+        "samples": len(values),
+    }
+
+
+def machine() -> dict[str, object]:
+    """Return what the figures depend on besides the code."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "load_1min": round(os.getloadavg()[0], 2),
+    }
+
+
+def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
+    """Print the human-readable summary, then the JSON summary as the last line."""
+    lat = figures["latency"]
+    cluster, local = lat["cluster"]["p50_ms"], lat["all_local"]["p50_ms"]
+    naive, naive_c = lat["naive_sequential"]["p50_ms"], lat["naive_concurrent"]["p50_ms"]
+    ratios = {
+        "cluster_over_all_local": round(cluster / local, 2),
+        "naive_sequential_over_cluster": round(naive / cluster, 1),
+        "naive_concurrent_over_cluster": round(naive_c / cluster, 1),
+    }
+    met = {
+        "cluster_over_all_local": ratios["cluster_over_all_local"] <= TARGET_LOCAL_RATIO,
+        "naive_over_cluster": ratios["naive_sequential_over_cluster"] >= TARGET_NAIVE_RATIO,
+        "cluster_p50": cluster <= TARGET_P50_MS,
+        "one_forwarded_request_per_peer": figures["forwarded"]["one_query_ok"] and figures["forwarded"]["series_ok"],
+    }
+    keys = figures["keys"]
+    print(f"\ncluster bench: {args.events:,} shop orders, {PARTITIONS} partitions, {NODES} nodes (local[1] each), "
+          f"{machine()}")  # fmt: skip
+    print(f"getMany of {KEYS:,} keys to node-0: spread {keys['spread_per_node']} per node "
+          f"({keys['spread_existing']} existing); all-local {keys['local_existing']} existing")  # fmt: skip
+    print(f"{'':<28}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'samples':>9}")
+    for name, label in (
+        ("cluster", "cluster (1 query)"),
+        ("all_local", "all-local (1 query)"),
+        ("naive_sequential", "naive per key, sequential"),
+        ("naive_concurrent", f"naive per key, {args.naive_concurrency} at once"),
+    ):
+        row = lat[name]
+        print(f"{label:<28}{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['mean_ms']:>9.2f}{row['samples']:>9}")
+    print(f"cluster / all-local      {ratios['cluster_over_all_local']:>7.2f}×  target ≤ {TARGET_LOCAL_RATIO:g}×")
+    print(f"naive seq. / cluster     {ratios['naive_sequential_over_cluster']:>7.1f}×  target ≥ "
+          f"{TARGET_NAIVE_RATIO:g}×  (concurrent: {ratios['naive_concurrent_over_cluster']}×)")  # fmt: skip
+    print(f"cluster p50              {cluster:>7.2f} ms target ≤ {TARGET_P50_MS:g} ms")
+    fwd = figures["forwarded"]
+    print(f"forwarded requests of one cluster query: {fwd['one_query']}  "
+          f"(series of {fwd['series_queries']}: {fwd['series']})")  # fmt: skip
+    print("met: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in met.items()))
+    summary = {
+        "events": args.events,
+        "partitions": PARTITIONS,
+        "nodes": NODES,
+        "keys": KEYS,
+        **figures,
+        "ratios": ratios,
+        "targets": {
+            "cluster_over_all_local_max": TARGET_LOCAL_RATIO,
+            "naive_over_cluster_min": TARGET_NAIVE_RATIO,
+            "cluster_p50_ms_max": TARGET_P50_MS,
+        },
+        "met": met,
+        "machine": machine(),
+        "seconds": round(time.perf_counter() - args.started, 1),
+    }
+    print(json.dumps(summary, separators=(",", ":")))
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    """Return the command line options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=3_000, help="orders to produce before the nodes start")
+    parser.add_argument("--samples", type=int, default=40, help="timed cluster and all-local queries")
+    parser.add_argument("--naive-samples", type=int, default=10, help="timed naive fetches (each ~700 requests)")
+    parser.add_argument("--naive-concurrency", type=int, default=16, help="naive requests in flight at once")
+    parser.add_argument("--warmups", type=int, default=5, help="untimed requests of each kind first")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds for the nodes to start and catch up")
+    parser.add_argument("--keep-serving", type=float, default=0.0, help="serve this many more seconds (profiling)")
+    args = parser.parse_args()
+    args.started = time.perf_counter()
+    return args
+
+
+def measure(args: argparse.Namespace, nodes: list[NodeProcess], counts: Counter[str]) -> dict[str, Any]:
+    """Wait for the cluster, then time the cluster, all-local and naive fetches and check the forwarding."""
+    urls = [node.url for node in nodes]
+    client = Client()
+    try:
+        wait_ready(nodes, timeout=args.timeout)
+        wait_caught_up(client, urls[0], counts, args.timeout)
+        ready_s = round(time.perf_counter() - args.started, 1)
+        print(f"cluster ready and caught up {ready_s} s into the run", flush=True)
+        spread, local = spread_keys(), local_keys(0)
+        truth = {"spread": [counts.get(k) for k in spread], "local": [counts.get(k) for k in local]}
+        before = forwarded(nodes)
+        get_many(client, urls[0], spread)
+        one_query = forwarded_delta(before, forwarded(nodes), urls)
+        before = forwarded(nodes)
+        times = series(
+            {
+                "cluster": (lambda: get_many(client, urls[0], spread), truth["spread"]),
+                "all_local": (lambda: get_many(client, urls[0], local), truth["local"]),
+            },
+            args.samples,
+            args.warmups,
+        )
+        series_delta = forwarded_delta(before, forwarded(nodes), urls)
+        series_queries = args.samples + args.warmups
+        print("cluster and all-local timed; naive per-key forwarding next", flush=True)
+        naive = series(
+            {
+                "naive_sequential": (lambda: naive_sequential(client, urls, spread), truth["spread"]),
+                "naive_concurrent": (
+                    lambda: asyncio.run(naive_concurrent(client, urls, spread, args.naive_concurrency)),
+                    truth["spread"],
+                ),
+            },
+            args.naive_samples,
+            1,
+        )
+        if args.keep_serving:
+            print(f"serving {args.keep_serving:g} s more: {[(n.id, n.url, n.process.pid) for n in nodes]}", flush=True)
+            time.sleep(args.keep_serving)
+    finally:
+        client.close()
+    return {
+        "ready_s": ready_s,
+        "keys": {
+            "spread_per_node": [sum(owner(k) == i for k in spread) for i in range(NODES)],
+            "spread_existing": sum(v is not None for v in truth["spread"]),
+            "local_existing": sum(v is not None for v in truth["local"]),
+        },
+        "latency": {name: latency(values) for name, values in {**times, **naive}.items()},
+        "naive_concurrency": args.naive_concurrency,
+        "forwarded": {
+            "one_query": one_query,
+            "one_query_ok": one_request_per_peer(one_query, 1),
+            "series": series_delta,
+            "series_queries": series_queries,
+            "series_ok": one_request_per_peer(series_delta, series_queries),
+        },
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-cluster-") as tmp:
+        broker.create_topics({topic: PARTITIONS})
+        counts = produce_orders(broker.bootstrap_servers, topic, args.events)
+        print(f"produced {args.events:,} orders; starting {NODES} nodes", flush=True)
+        home = Path(tmp)
+        write_app_module(home, APP_MODULE, topic, PARTITIONS, broker.bootstrap_servers)
+        nodes = start_nodes(home, APP_MODULE, NODES)
+        try:
+            figures = measure(args, nodes, counts)
+        except (httpx.HTTPError, RuntimeError, TimeoutError, AssertionError):
+            for node in nodes:
+                print(f"--- {node.id} log tail ---\n{node.log.read_text(errors='replace')[-2000:]}", file=sys.stderr)
+            raise
+        finally:
+            stop_nodes(nodes)
+    report(args, figures)
+
+
+if __name__ == "__main__":
+    main()
