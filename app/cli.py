@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--state-dir", type=Path, help="where to keep the stores (default: a temporary directory)")
     demo.add_argument("--rate", type=float, default=200.0, help="orders produced per second (default 200)")
     demo.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: Ctrl-C)")
+    demo.add_argument("--nodes", type=int, default=1, help="how many nodes (default 1; 3 shows forwarding)")
     schema = commands.add_parser("schema", help="print the GraphQL SDL of an app (for codegen)")
     schema.add_argument("--app", required=True, help="package.module:attribute")
     produce = commands.add_parser("produce", help="produce an app's generated events into its topic")
@@ -90,7 +91,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from app.demo import run_demo
 
-        return run_demo(port=args.port, state_dir=args.state_dir, rate=args.rate, duration=args.duration)
+        return run_demo(
+            port=args.port, state_dir=args.state_dir, rate=args.rate, duration=args.duration, nodes=args.nodes
+        )
     if args.command == "schema":
         from app.server import print_schema
 

@@ -5,11 +5,15 @@ It prints the GraphiQL URL and example queries to paste; Ctrl-C (or --duration) 
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import uvicorn
 
 from app.node import Node
@@ -39,8 +43,10 @@ EXAMPLE_QUERIES = """\
 """
 
 
-def run_demo(*, port: int, state_dir: Path | None, rate: float, duration: float) -> int:
+def run_demo(*, port: int, state_dir: Path | None, rate: float, duration: float, nodes: int = 1) -> int:
     """Run the demo until Ctrl-C or duration seconds; return the exit code."""
+    if nodes > 1:
+        return run_cluster_demo(port=port, state_dir=state_dir, rate=rate, duration=duration, nodes=nodes)
     with EmbeddedBroker() as broker:
         app = build_app(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
         broker.create_topics({app.topics[0].name: app.topics[0].partitions})
@@ -75,6 +81,117 @@ def run_demo(*, port: int, state_dir: Path | None, rate: float, duration: float)
             producer.join(timeout=10)
             node.stop()
     return 0
+
+
+def run_cluster_demo(*, port: int, state_dir: Path | None, rate: float, duration: float, nodes: int) -> int:
+    """Run a static cluster of node processes (one standby each) on ports port, port+1, …"""
+    with EmbeddedBroker() as broker:
+        app = build_app(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
+        broker.create_topics({app.topics[0].name: app.topics[0].partitions})
+        config = producer_config(app, broker.bootstrap_servers, ONE_RECORD_PER_REQUEST)
+        print(f"iqgraph demo: broker at {broker.bootstrap_servers}; producing {HISTORY} orders of history", flush=True)
+        produce_events(app, config, count=HISTORY, rate=None, seed=7, start_ms=int(time.time() * 1000) - HISTORY * 20)
+        root = state_dir or Path(tempfile.mkdtemp(prefix="iqgraph-demo-"))
+        urls = [f"http://127.0.0.1:{port + i}" for i in range(nodes)]
+        peers = ",".join(f"node-{i}={url}" for i, url in enumerate(urls))
+        processes = [_node_process(i, port + i, peers, broker.bootstrap_servers, root) for i in range(nodes)]
+        stop = threading.Event()
+        producer = threading.Thread(
+            target=produce_events,
+            args=(app, config),
+            kwargs={"count": None, "rate": rate, "seed": 8, "stop": stop},
+            name="demo-producer",
+            daemon=True,
+        )
+        try:
+            print(f"iqgraph demo: starting {nodes} nodes (each starts its own Spark; logs in {root})", flush=True)
+            _wait_ready(urls, processes)
+            producer.start()
+            print("\niqgraph demo: any node answers any query — keys of other nodes are forwarded:", flush=True)
+            for i, url in enumerate(urls):
+                print(f"  node-{i}: {url}/graphql", flush=True)
+            print("\nPaste one of these into any node's GraphiQL:\n", flush=True)
+            print(EXAMPLE_QUERIES + "\n{ nodes { id state partitions { partition role lag } } }\n", flush=True)
+            print("Ctrl-C stops the demo.", flush=True)
+            _wait(duration, processes)
+        finally:
+            stop.set()
+            for process in processes:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            for process in processes:
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+    return 0
+
+
+def _node_process(index: int, port: int, peers: str, bootstrap: str, root: Path) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "serve",
+        "--app",
+        "examples.shop:app",
+        "--bootstrap-servers",
+        bootstrap,
+        "--node-id",
+        f"node-{index}",
+        "--port",
+        str(port),
+        "--peers",
+        peers,
+        "--standbys",
+        "1",
+        "--max-lag",
+        "100000",
+        "--state-dir",
+        str(root / f"node-{index}"),
+        "--spark-master",
+        "local[1]",
+        "--driver-memory",
+        "768m",
+        "--max-records-per-batch",
+        "20000",
+    ]
+    log = (root / f"node-{index}.log").open("wb")
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603 - our own CLI
+
+
+def _wait_ready(urls: list[str], processes: list[subprocess.Popen[bytes]], timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    pending = set(urls)
+    while pending:
+        for url, process in zip(urls, processes, strict=True):
+            if process.poll() is not None:
+                raise RuntimeError(f"the node at {url} exited with {process.returncode}; see its log")
+            if url in pending and _ready(url):
+                pending.discard(url)
+                print(f"iqgraph demo: {url} is ready", flush=True)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nodes not ready after {timeout:.0f} s: {sorted(pending)}")
+        time.sleep(1)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait(duration: float, processes: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + duration if duration > 0 else None
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            if any(p.poll() is not None for p in processes):
+                print("iqgraph demo: a node stopped; stopping the demo", flush=True)
+                return
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return
 
 
 def _serve(node: Node, port: int, duration: float) -> None:

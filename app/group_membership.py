@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _CGMD_MAGIC = b"CGMDv2:"  # librdkafka's serialized group metadata: magic, then the generation as a native int32
 _POLL_S = 0.05
+_Config = dict[str, str | int | float | bool]
 
 
 class GroupMembershipError(RuntimeError):
@@ -110,10 +111,7 @@ class GroupMembership:
         self.node_id, self.url, self.app_name = node_id, url.rstrip("/"), app_name
         self.topics = dict(topics)
         self.metadata_topic = metadata_topic_for(app_name)
-        self._common: dict[str, str | int | float | bool] = {
-            **(kafka_config or {}),
-            "bootstrap.servers": bootstrap_servers,
-        }
+        self._common: _Config = {**(kafka_config or {}), "bootstrap.servers": bootstrap_servers}
         self._standbys, self._session_ms, self._strategy = standbys, session_timeout_ms, assignment_strategy
         self._heartbeat_s, self._liveness_s, self._start_timeout_s = heartbeat_s, liveness_s, start_timeout_s
         self._map = ClusterMap(0, {}, {})
@@ -202,17 +200,12 @@ class GroupMembership:
             if len(found[topic].partitions) != count:
                 actual = len(found[topic].partitions)
                 raise GroupMembershipError(f"input topic {topic!r} has {actual} partitions, configured {count}")
-        if self.metadata_topic not in found:
-            self._create_metadata_topic(admin)
-
-    def _create_metadata_topic(self, admin: AdminClient) -> None:
-        """Create the compacted one-partition metadata topic (another node may win the race: that is fine)."""
-        new = NewTopic(
-            self.metadata_topic, num_partitions=1, replication_factor=-1, config={"cleanup.policy": "compact"}
-        )
+        if self.metadata_topic in found:
+            return
+        new = NewTopic(self.metadata_topic, 1, replication_factor=-1, config={"cleanup.policy": "compact"})
         try:
             admin.create_topics([new])[self.metadata_topic].result(timeout=10)
-        except KafkaException as exc:
+        except KafkaException as exc:  # another node may have created it first: that is fine
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise GroupMembershipError(f"could not create {self.metadata_topic!r}: {exc}") from exc
 
@@ -223,17 +216,13 @@ class GroupMembership:
             sorted(self.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         # group.id is mandatory in confluent-kafka; this reader only assigns, so it never joins that group.
-        reader = {
-            "group.id": f"{self.metadata_topic}-reader",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-        self._reader = Consumer({**self._common, **reader}, logger=log)
+        reader: _Config = {"group.id": f"{self.metadata_topic}-reader", "enable.auto.commit": False}
+        self._reader = Consumer({**self._common, **reader, "enable.partition.eof": True}, logger=log)
         self._reader.assign([TopicPartition(self.metadata_topic, 0, OFFSET_BEGINNING)])
         producer = {**ONE_RECORD_PER_REQUEST, "max.in.flight.requests.per.connection": 1}  # keep records in order
         self._producer = Producer({**self._common, **producer}, logger=log)
 
-    def _group_config(self) -> dict[str, str | int | float | bool]:
+    def _group_config(self) -> _Config:
         """Return the group consumer's configuration: it assigns and pauses, never consumes or commits."""
         return {
             **self._common,
@@ -300,38 +289,36 @@ class GroupMembership:
             self._lock.notify_all()
 
     def _apply(self, message: Message) -> None:
-        """Apply one metadata record, or the end-of-partition marker, to the records and the read position."""
+        """Apply one metadata record (a tombstone removes its key), or the end-of-partition marker."""
         error, offset = message.error(), message.offset() or 0
         if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
+            if error.code() == KafkaError._PARTITION_EOF:  # the marker carries the end offset
                 self._position = max(self._position, offset)
             else:
                 log.warning("metadata reader: %s", error)
             return
         self._position = max(self._position, offset + 1)
-        node = (message.key() or b"").decode(errors="replace")
-        value = message.value()
-        if value is None:
-            self._records.pop(node, None)
-            return
+        node, value = (message.key() or b"").decode(errors="replace"), message.value()
         try:
-            self._records[node] = MemberRecord.decode(value)
+            if value is None:
+                self._records.pop(node, None)
+            else:
+                self._records[node] = MemberRecord.decode(value)
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("skipping malformed record at %s offset %d: %s", self.metadata_topic, offset, exc)
 
     def _rebuild(self) -> None:
         """Rebuild the map from the records (caller holds the lock); queue it for subscribers if it changed."""
-        self._last_rebuild = time.monotonic()
-        now = time.time()
+        self._last_rebuild, floor = time.monotonic(), self._map.generation
         new = build_map(
-            self._records, now=now, liveness_s=self._liveness_s, standbys=self._standbys, floor=self._map.generation
+            self._records, now=time.time(), liveness_s=self._liveness_s, standbys=self._standbys, floor=floor
         )
-        own = self._records.get(self.node_id)
-        if own is not None and self._first_published_at is not None and own.time >= self._first_published_at:
-            self._ready.set()
         if new != self._map:
             self._map = new
             self._maps.put(new)
+        own, first = self._records.get(self.node_id), self._first_published_at
+        if own is not None and first is not None and own.time >= first:
+            self._ready.set()  # after the map is set: start() returns with this node's assignment in current()
 
     def _record(self, generation: int) -> MemberRecord:
         """Return this node's record: its active partitions, now, at generation."""

@@ -136,6 +136,12 @@ def stop_nodes(nodes: Sequence[NodeProcess], timeout: float = 45.0) -> None:
             node.kill()
 
 
+def log_tail(node: NodeProcess, lines: int = 25) -> str:
+    """Return the end of a node's log without its repeated restore-progress lines."""
+    text = node.log.read_text(errors="replace").splitlines()
+    return "\n".join([line for line in text if "iqgraph: restoring" not in line][-lines:])
+
+
 # -- the client ------------------------------------------------------------------------------------------
 
 
@@ -259,7 +265,7 @@ def timed(fetch: Callable[[], Values], expected: Values) -> float:
 
 def series(fetches: dict[str, tuple[Callable[[], Values], Values]], samples: int, warmups: int) -> dict[str, Any]:
     """Time each fetch samples times, alternating between them, after warmups each; return ms per fetch."""
-    for name, (fetch, expected) in fetches.items():
+    for fetch, expected in fetches.values():
         for _ in range(warmups):
             timed(fetch, expected)
     times: dict[str, list[float]] = {name: [] for name in fetches}
@@ -397,6 +403,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmups", type=int, default=5, help="untimed requests of each kind first")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds for the nodes to start and catch up")
     parser.add_argument("--keep-serving", type=float, default=0.0, help="serve this many more seconds (profiling)")
+    parser.add_argument("--workdir", type=Path, help="keep the nodes' logs and state here (default: a temporary one)")
     args = parser.parse_args()
     args.started = time.perf_counter()
     return args
@@ -470,14 +477,15 @@ def main() -> None:
         broker.create_topics({topic: PARTITIONS})
         counts = produce_orders(broker.bootstrap_servers, topic, args.events)
         print(f"produced {args.events:,} orders; starting {NODES} nodes", flush=True)
-        home = Path(tmp)
+        home = args.workdir or Path(tmp)
+        home.mkdir(parents=True, exist_ok=True)
         write_app_module(home, APP_MODULE, topic, PARTITIONS, broker.bootstrap_servers)
         nodes = start_nodes(home, APP_MODULE, NODES)
         try:
             figures = measure(args, nodes, counts)
         except (httpx.HTTPError, RuntimeError, TimeoutError, AssertionError):
             for node in nodes:
-                print(f"--- {node.id} log tail ---\n{node.log.read_text(errors='replace')[-2000:]}", file=sys.stderr)
+                print(f"--- {node.id} log tail ---\n{log_tail(node)}", file=sys.stderr)
             raise
         finally:
             stop_nodes(nodes)

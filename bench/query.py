@@ -67,15 +67,15 @@ APP_MODULE = "bench_query_app"
 # -- 1. produce ------------------------------------------------------------------------------------------
 
 
-def orders(events: int) -> list[tuple[str, dict[str, Any]]]:
+def orders(events: int) -> list[tuple[Any, Any]]:
     """Return the bench's generated orders."""
     return list(itertools.islice(generate_orders(SEED, START_MS), events))
 
 
-def produce_orders(bootstrap: str, topic: str, events: list[tuple[str, dict[str, Any]]]) -> float:
+def produce_orders(bootstrap: str, topic: str, events: list[tuple[Any, Any]]) -> float:
     """Produce events one record per request (Tansu needs it); return the seconds it took."""
     started = time.perf_counter()
-    produce(bootstrap, topic, ((k.encode(), orjson.dumps(v), None) for k, v in events))
+    produce(bootstrap, topic, ((str(k).encode(), orjson.dumps(v), None) for k, v in events))
     return time.perf_counter() - started
 
 
@@ -203,14 +203,15 @@ def run_wrk(url: str, endpoint: Endpoint, script: Path, args: argparse.Namespace
         url + endpoint.path,
     ]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout  # noqa: S603
-    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if rate is None:
+    rate, total = re.search(r"Requests/sec:\s+([\d.]+)", out), re.search(r"(\d+) requests in", out)
+    if rate is None or total is None:
         raise RuntimeError(f"cannot read wrk's output:\n{out}")
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     socket_errors = re.search(r"Socket errors:(.*)", out)
     latency = {f"p{q}": float(v) * _UNITS[u] for q, v, u in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)", out, re.M)}
     return {
         "rps": float(rate.group(1)),
+        "requests": int(total.group(1)),
         "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
         "socket_errors": socket_errors.group(1).strip() if socket_errors else None,
         **{k: round(v, 2) for k, v in latency.items()},
@@ -254,6 +255,7 @@ def run_python(url: str, endpoint: Endpoint, args: argparse.Namespace, duration:
     took = time.perf_counter() - started
     return {
         "rps": len(latencies) / took,
+        "requests": len(latencies),
         "non_2xx": bad,
         "socket_errors": None,
         "p50": round(percentile(latencies, 50) or 0, 2),
@@ -261,15 +263,31 @@ def run_python(url: str, endpoint: Endpoint, args: argparse.Namespace, duration:
     }
 
 
-def point_lookups(url: str, key: str, args: argparse.Namespace, workdir: Path) -> dict[str, list[dict[str, Any]]]:
-    """Run every endpoint for args.duration, alternating, args.rounds times (after a short warm-up each)."""
+def cpu_seconds(pid: int) -> float:
+    """Return the CPU time (user + system, all threads) process pid has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def point_lookups(
+    url: str, key: str, args: argparse.Namespace, workdir: Path, pid: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Run every endpoint for args.duration, alternating, args.rounds times (after a short warm-up each).
+
+    Besides req/s, each run records the node process's CPU time per request: on a shared machine the
+    rate depends on what else runs, the CPU a request costs much less so.
+    """
     use_wrk = args.client == "wrk"
     scripts = {e.name: wrk_script(workdir, e) for e in endpoints(key)} if use_wrk else {}
 
     def run(endpoint: Endpoint, duration: float) -> dict[str, Any]:
+        before = cpu_seconds(pid)
         if use_wrk:
-            return run_wrk(url, endpoint, scripts[endpoint.name], args, duration)
-        return run_python(url, endpoint, args, duration)
+            result = run_wrk(url, endpoint, scripts[endpoint.name], args, duration)
+        else:
+            result = run_python(url, endpoint, args, duration)
+        result["cpu_us"] = round((cpu_seconds(pid) - before) / max(result["requests"], 1) * 1e6, 1)
+        return result
 
     runs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for endpoint in endpoints(key):
@@ -278,7 +296,11 @@ def point_lookups(url: str, key: str, args: argparse.Namespace, workdir: Path) -
         for endpoint in endpoints(key):
             result = run(endpoint, args.duration)
             runs[endpoint.name].append(result)
-            print(f"  round {round_ + 1}: {endpoint.name:<13} {result['rps']:>9,.0f} req/s", flush=True)
+            print(
+                f"  round {round_ + 1}: {endpoint.name:<13} {result['rps']:>9,.0f} req/s"
+                f"  {result['cpu_us']:>6,.0f} µs CPU/request",
+                flush=True,
+            )
     return runs
 
 
@@ -351,7 +373,9 @@ def _latency(values: list[float]) -> dict[str, float | None]:
 def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> None:
     """Print the human-readable summary, then the JSON summary as the last line."""
     rps = {name: round(_median(r, "rps")) for name, r in runs.items()}
+    cpu = {name: _median(r, "cpu_us") for name, r in runs.items()}
     ratio = rps["graphql_post"] / rps["raw"] if rps.get("raw") else None
+    cpu_ratio = cpu["raw"] / cpu["graphql_post"] if cpu.get("graphql_post") else None
     get_ratio = rps["graphql_get"] / rps["raw"] if rps.get("raw") else None
     inline, variables = _latency(figures.pop("getmany_inline")), _latency(figures.pop("getmany_variables"))
     print(f"\nquery bench: {args.events:,} shop orders, {PARTITIONS} partitions, one node, {machine()}")
@@ -359,9 +383,10 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
           f"{args.duration:g} s per run, {args.rounds} rounds alternating, medians")  # fmt: skip
     for name, label in (("graphql_post", "GraphQL POST"), ("raw", "raw GET"), ("graphql_get", "GraphQL GET")):
         r = runs[name]
-        print(f"{label:<13} {rps[name]:>9,} req/s   p50 {_median(r, 'p50'):6.2f} ms  p99 {_median(r, 'p99'):6.2f} ms"
-              f"   runs {[round(x['rps']) for x in r]}")  # fmt: skip
-    print(f"ratio GraphQL POST / raw  {ratio:.3f}   target ≥ {TARGET_RATIO}   (GET: {get_ratio:.3f})")
+        print(f"{label:<13} {rps[name]:>9,} req/s  {cpu[name]:>6,.0f} µs CPU/req   p50 {_median(r, 'p50'):6.2f} ms"
+              f"  p99 {_median(r, 'p99'):6.2f} ms   runs {[round(x['rps']) for x in r]}")  # fmt: skip
+    print(f"ratio GraphQL POST / raw  {ratio:.3f}   target ≥ {TARGET_RATIO}   (GET: {get_ratio:.3f};"
+          f" by CPU per request: {cpu_ratio:.3f})")  # fmt: skip
     existing = figures["getmany_existing_keys"]
     print(f"getMany 1,000 keys ({existing} existing, {1000 - existing} missing), {args.samples} sequential requests:")
     print(f"  inline     p50 {inline['p50_ms']:6.2f} ms  p99 {inline['p99_ms']:6.2f} ms   target p50 ≤ "
@@ -379,10 +404,12 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
         "key": KEY,
         "rps": rps,
         "rps_runs": {n: [round(x["rps"]) for x in r] for n, r in runs.items()},
+        "cpu_us_per_request": cpu,
         "latency_p50_ms": {n: _median(r, "p50") for n, r in runs.items()},
         "non_2xx": errors,
         "ratio_graphql_raw": None if ratio is None else round(ratio, 3),
         "ratio_graphql_get_raw": None if get_ratio is None else round(get_ratio, 3),
+        "ratio_by_cpu": None if cpu_ratio is None else round(cpu_ratio, 3),
         "getmany": {"keys": 1000, "existing": existing, "inline": inline, "variables": variables},
         **figures,
         "targets": {"ratio_graphql_raw": TARGET_RATIO, "getmany_p50_ms": TARGET_GETMANY_P50_MS},
@@ -428,7 +455,8 @@ def measure(args: argparse.Namespace, node: NodeProcess, events: list[Any], work
         figures["node_ready_s"] = round(node.wait_caught_up(client, len(events), args.timeout), 1)
         print(f"node ready and caught up in {figures['node_ready_s']} s at {node.url}", flush=True)
         check_answers(client, node.url, KEY, counts[KEY])
-        runs = point_lookups(node.url, KEY, args, workdir)
+        assert node.process is not None
+        runs = point_lookups(node.url, KEY, args, workdir, node.process.pid)
         keys = many_keys()
         figures["getmany_existing_keys"] = sum(k in counts for k in keys)
         for inline in (True, False):
