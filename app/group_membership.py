@@ -105,7 +105,13 @@ class GroupMembership:
         liveness_s: float = 6.0,
         start_timeout_s: float = 30.0,
     ) -> None:
-        """Args: kafka_config is applied to every client (security, timeouts); the group settings win over it."""
+        """Configure the member; nothing connects before start().
+
+        Args:
+            kafka_config: librdkafka settings for every client (security, timeouts); the group's own win over it.
+            assignment_strategy: "range" (default) gives partition p of every input topic to the same node.
+            liveness_s: a member whose record is older (by its publisher's clock) leaves the map.
+        """
         if not topics or standbys < 0 or liveness_s <= heartbeat_s:
             raise ValueError("need at least one topic, standbys >= 0 and liveness_s > heartbeat_s")
         self.node_id, self.url, self.app_name = node_id, url.rstrip("/"), app_name

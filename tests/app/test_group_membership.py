@@ -183,6 +183,14 @@ def test_start_names_a_missing_input_topic(broker: EmbeddedBroker) -> None:
         member.start()
 
 
+def test_start_gives_up_at_its_deadline_with_a_clear_error(broker: EmbeddedBroker, topic: str) -> None:
+    member = GroupMembership(
+        "a", url_of("a"), "app-impatient", {topic: PARTITIONS}, broker.bootstrap_servers, start_timeout_s=0.2
+    )
+    with pytest.raises(GroupMembershipError, match="got no assignment from consumer group 'app-impatient'"):
+        member.start()  # Tansu needs about a second to answer the first join
+
+
 def test_build_map_prefers_the_highest_generation_and_drops_silent_members() -> None:
     now = 1000.0
     records = {
