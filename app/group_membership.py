@@ -199,7 +199,10 @@ class GroupMembership:
 
     def _check_topics(self, admin: AdminClient) -> None:
         """Fail clearly if an input topic is missing or mis-sized; create the metadata topic if missing."""
-        found = admin.list_topics(timeout=10).topics
+        try:
+            found = admin.list_topics(timeout=10).topics
+        except KafkaException as exc:
+            raise GroupMembershipError(f"cannot reach Kafka at {self._common['bootstrap.servers']}: {exc}") from exc
         for topic, count in self.topics.items():
             if topic not in found or found[topic].error is not None:
                 raise GroupMembershipError(f"input topic {topic!r} does not exist; create it with {count} partitions")

@@ -47,6 +47,7 @@ class Settings:
     peers: str | None = None  # id=URL,… (or URL,… named node-0, node-1, … in order); None: a single node
     standbys: int = 0
     max_lag: int | None = None  # records a standby may be behind and still answer; None: no stale reads
+    group_session_timeout_ms: int = 10_000  # kafka membership: Kafka refuses < 6000 by default
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     @property

@@ -185,8 +185,9 @@ def test_start_names_a_missing_input_topic(broker: EmbeddedBroker) -> None:
 
 def test_start_gives_up_at_its_deadline_with_a_clear_error(broker: EmbeddedBroker, topic: str) -> None:
     member = GroupMembership(
-        "a", url_of("a"), "app-impatient", {topic: PARTITIONS}, broker.bootstrap_servers, start_timeout_s=0.2
-    )
+        "a", url_of("a"), "app-impatient", {topic: PARTITIONS}, broker.bootstrap_servers,
+        session_timeout_ms=SESSION_MS, start_timeout_s=0.2,
+    )  # fmt: skip
     with pytest.raises(GroupMembershipError, match="got no assignment from consumer group 'app-impatient'"):
         member.start()  # Tansu needs about a second to answer the first join
 
