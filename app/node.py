@@ -98,7 +98,10 @@ class Node:
         self.check_topics()
         self.membership = self._membership()
         progress(f"joining the cluster ({self.settings.membership} membership)")
-        self.membership.start()
+        try:
+            self.membership.start()
+        except RuntimeError as exc:  # GroupMembershipError: Kafka, topics or the group said no
+            raise NodeStartError(f"cannot join the cluster: {exc}") from None
         assignment = self.assignment or self.membership.current().hosted_partitions(self.settings.node_id)
         self._hosted = {t: sorted(ps) for t, ps in assignment.items()}
         try:
@@ -155,6 +158,7 @@ class Node:
                 self.bootstrap_servers,
                 kafka_config={**self.app.kafka.config, **settings.kafka},
                 standbys=settings.standbys,
+                session_timeout_ms=settings.group_session_timeout_ms,
             )
         try:
             members = parse_peers(settings.peers) if settings.peers else [Member(settings.node_id, settings.url)]
