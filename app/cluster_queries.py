@@ -21,6 +21,7 @@ from app.local_queries import LocalStoreQueries
 from app.membership import ClusterMap, Membership
 from app.merging import Request, combiner, finalize, finalize_items, scan_merge
 from app.peers import PeerClient, PeerError, PeerUnavailableError
+from app.point_lookups import PointLookups
 from app.scatter import decode_positions, merge_pages, merged_page
 from schema.errors import ApiError
 from schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, Scan, StoreInfo
@@ -48,7 +49,7 @@ class Group:
     partitions: set[int] = field(default_factory=set)
 
 
-class ClusterStoreQueries:
+class ClusterStoreQueries(PointLookups):
     """Answer store queries for every key, whichever node holds it."""
 
     def __init__(
@@ -286,18 +287,6 @@ class ClusterStoreQueries:
         retried = await self.lookup_states(definition, [requests[i] for i in again], retry=False)
         for i, value in zip(again, retried, strict=True):
             results[i] = value
-
-    async def get_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
-        """Return the value of each key of a key-value store, in key order (None when absent)."""
-        return await self._lookup(store, StoreKind.KEY_VALUE, [(k, None, None) for k in keys])
-
-    async def might_contain_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
-        """Return, per key of a bloom store, whether it was probably added."""
-        return await self._lookup(store, StoreKind.BLOOM, [(k, None, None) for k in keys])
-
-    async def fetch_many(self, store: str, requests: Sequence[tuple[Key, int, int]]) -> list[Any]:
-        """Return, per (key, time_from, time_to), the key's windows with start in that range."""
-        return await self._lookup(store, StoreKind.WINDOW, list(requests))
 
     # -- scans ------------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from app.server import build_asgi, graphql_app, run_until_signalled
 from app.settings import Settings
 from examples.shop import build_app
 from streaming.broker import EmbeddedBroker
-from streaming.definitions import KafkaSettings
+from streaming.definitions import App, KafkaSettings
 
 HISTORY = 3_000  # orders produced before the node starts, so that the first queries find data
 EXAMPLE_QUERIES = """\
@@ -43,25 +43,30 @@ EXAMPLE_QUERIES = """\
 """
 
 
+def _orders(broker: EmbeddedBroker, rate: float) -> tuple[App, threading.Thread, threading.Event]:
+    """Create the orders topic, produce the history, and return a producer thread (not started) and its stop."""
+    app = build_app(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
+    broker.create_topics({app.topics[0].name: app.topics[0].partitions})
+    config = producer_config(app, broker.bootstrap_servers, ONE_RECORD_PER_REQUEST)
+    print(f"iqgraph demo: broker at {broker.bootstrap_servers}; producing {HISTORY} orders of history", flush=True)
+    produce_events(app, config, count=HISTORY, rate=None, seed=7, start_ms=int(time.time() * 1000) - HISTORY * 20)
+    stop = threading.Event()
+    producer = threading.Thread(
+        target=produce_events,
+        args=(app, config),
+        kwargs={"count": None, "rate": rate, "seed": 8, "stop": stop},
+        name="demo-producer",
+        daemon=True,
+    )
+    return app, producer, stop
+
+
 def run_demo(*, port: int, state_dir: Path | None, rate: float, duration: float, nodes: int = 1) -> int:
     """Run the demo until Ctrl-C or duration seconds; return the exit code."""
     if nodes > 1:
         return run_cluster_demo(port=port, state_dir=state_dir, rate=rate, duration=duration, nodes=nodes)
     with EmbeddedBroker() as broker:
-        app = build_app(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
-        broker.create_topics({app.topics[0].name: app.topics[0].partitions})
-        config = producer_config(app, broker.bootstrap_servers, ONE_RECORD_PER_REQUEST)
-        print(f"iqgraph demo: broker at {broker.bootstrap_servers}; producing {HISTORY} orders of history", flush=True)
-        start_ms = int(time.time() * 1000) - HISTORY * 20
-        produce_events(app, config, count=HISTORY, rate=None, seed=7, start_ms=start_ms)
-        stop = threading.Event()
-        producer = threading.Thread(
-            target=produce_events,
-            args=(app, config),
-            kwargs={"count": None, "rate": rate, "seed": 8, "stop": stop},
-            name="demo-producer",
-            daemon=True,
-        )
+        app, producer, stop = _orders(broker, rate)
         directory = state_dir or Path(tempfile.mkdtemp(prefix="iqgraph-demo-"))
         settings = Settings(
             app="examples.shop:app",
@@ -86,23 +91,11 @@ def run_demo(*, port: int, state_dir: Path | None, rate: float, duration: float,
 def run_cluster_demo(*, port: int, state_dir: Path | None, rate: float, duration: float, nodes: int) -> int:
     """Run a static cluster of node processes (one standby each) on ports port, port+1, …"""
     with EmbeddedBroker() as broker:
-        app = build_app(kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers))
-        broker.create_topics({app.topics[0].name: app.topics[0].partitions})
-        config = producer_config(app, broker.bootstrap_servers, ONE_RECORD_PER_REQUEST)
-        print(f"iqgraph demo: broker at {broker.bootstrap_servers}; producing {HISTORY} orders of history", flush=True)
-        produce_events(app, config, count=HISTORY, rate=None, seed=7, start_ms=int(time.time() * 1000) - HISTORY * 20)
+        _, producer, stop = _orders(broker, rate)
         root = state_dir or Path(tempfile.mkdtemp(prefix="iqgraph-demo-"))
         urls = [f"http://127.0.0.1:{port + i}" for i in range(nodes)]
         peers = ",".join(f"node-{i}={url}" for i, url in enumerate(urls))
         processes = [_node_process(i, port + i, peers, broker.bootstrap_servers, root) for i in range(nodes)]
-        stop = threading.Event()
-        producer = threading.Thread(
-            target=produce_events,
-            args=(app, config),
-            kwargs={"count": None, "rate": rate, "seed": 8, "stop": stop},
-            name="demo-producer",
-            daemon=True,
-        )
         try:
             print(f"iqgraph demo: starting {nodes} nodes (each starts its own Spark; logs in {root})", flush=True)
             _wait_ready(urls, processes)

@@ -22,6 +22,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.merging import Request, combiner, finalize, finalize_items, key_codec, scan_merge
+from app.point_lookups import PointLookups
 from app.scatter import Position, decode_positions, merge_pages, merged_page
 from schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, Scan, StoreInfo
 from stores import (
@@ -74,7 +75,7 @@ def store_info(app: App, store: StoreDefinition, value_type: DataType) -> StoreI
     )
 
 
-class LocalStoreQueries:
+class LocalStoreQueries(PointLookups):
     """Answer store queries from the partition databases this node hosts."""
 
     def __init__(
@@ -272,18 +273,6 @@ class LocalStoreQueries:
     async def _lookup(self, store: str, kind: StoreKind, requests: Sequence[Request]) -> list[Any]:
         definition = self.definition(store, kind)
         return [finalize(definition, r) for r in await self.lookup_states(store, requests)]
-
-    async def get_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
-        """Return the value of each key of a key-value store, in key order (None when absent)."""
-        return await self._lookup(store, StoreKind.KEY_VALUE, [(k, None, None) for k in keys])
-
-    async def might_contain_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
-        """Return, per key of a bloom store, whether it was probably added."""
-        return await self._lookup(store, StoreKind.BLOOM, [(k, None, None) for k in keys])
-
-    async def fetch_many(self, store: str, requests: Sequence[tuple[Key, int, int]]) -> list[Any]:
-        """Return, per (key, time_from, time_to), the key's windows with start in that range."""
-        return await self._lookup(store, StoreKind.WINDOW, list(requests))
 
     async def scan(self, store: str, scan: Scan, first: int, after: str | None) -> Page[Any]:
         """Return one merged page of a scan over every partition, values finalized."""
