@@ -43,3 +43,22 @@ bench-ingest: install check-java
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# GraphQL point lookups beside the raw endpoint, and getMany latency (docs/benchmarks.md). wrk is the load
+# client when present; as root it is installed with apt-get, otherwise the bench uses its Python client.
+.PHONY: bench-query
+bench-query: install check-java
+	@if ! command -v wrk >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -q wrk >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q wrk >/dev/null; } \
+	      || echo "bench-query: could not install wrk; using the Python load client"; \
+	  else \
+	    echo "bench-query: wrk not found (apt-get install wrk); using the Python load client"; \
+	  fi; \
+	fi
+	$(BIN)/python bench/query.py
+
+# One getMany of 1,000 keys over a 3-node cluster beside all-local keys and per-key forwarding (docs/benchmarks.md).
+.PHONY: bench-cluster
+bench-cluster: install check-java
+	$(BIN)/python bench/cluster.py

@@ -1,1 +1,10 @@
-"""Node lifecycle, settings, cluster membership, peer client, ASGI server and CLI.."""
+"""The node: settings, lifecycle, cluster membership, store queries, peer client, ASGI server and CLI.
+
+Light names are exported here; ``app.node``, ``app.server`` and ``app.demo`` start Spark and servers
+and are imported where they are used.
+"""
+
+from app.loading import AppLoadError, load_app
+from app.settings import Settings, SettingsError, load_settings
+
+__all__ = ["AppLoadError", "Settings", "SettingsError", "load_app", "load_settings"]

@@ -1,1 +1,48 @@
-"""iqgraph.streaming."""
+"""Streaming: store definitions, the Kafka source for Spark, the foreachBatch sink, the query runner.
+
+What a user writes comes from here (``from streaming import App, Topic, key_value_store, count, …``);
+the Spark-side modules (``kafka_source``, ``sink``, ``runner``) are imported where they are used, so
+that defining an app does not start a JVM.
+"""
+
+from streaming.definitions import (
+    Aggregate,
+    App,
+    DefinitionError,
+    KafkaSettings,
+    StoreDefinition,
+    Topic,
+    avg,
+    bloom_store,
+    count,
+    hopping,
+    key_value_store,
+    latest,
+    max_,
+    min_,
+    sum_,
+    tumbling,
+    window_store,
+)
+from streaming.partitioner import partition_for
+
+__all__ = [
+    "Aggregate",
+    "App",
+    "DefinitionError",
+    "KafkaSettings",
+    "StoreDefinition",
+    "Topic",
+    "avg",
+    "bloom_store",
+    "count",
+    "hopping",
+    "key_value_store",
+    "latest",
+    "max_",
+    "min_",
+    "partition_for",
+    "sum_",
+    "tumbling",
+    "window_store",
+]
