@@ -165,12 +165,12 @@ class ClusterStoreQueries(PointLookups):
         cmap = self.membership.current()
         results: list[Any] = [None] * len(requests)
         groups = self._group(cmap, definition, requests, results)
-        answers = await asyncio.gather(
-            *(
-                self._ask(cmap, definition, server, [requests[i] for i in g.indexes], g.partitions)
-                for server, g in groups.items()
-            )
-        )
+        asks = [
+            self._ask(cmap, definition, server, [requests[i] for i in g.indexes], g.partitions)
+            for server, g in groups.items()
+        ]
+        # One server (always, on a single node) needs no task of its own: await it in place.
+        answers = [await asks[0]] if len(asks) == 1 else await asyncio.gather(*asks)
         combine = combiner(definition)
         merged: set[int] = set()
         for group, answer in zip(groups.values(), answers, strict=True):
@@ -192,6 +192,7 @@ class ClusterStoreQueries(PointLookups):
         groups: dict[Server, Group] = defaultdict(Group)
         topic = definition.topic
         valid = []
+        servers: dict[int, Server | ApiError] = {}  # per partition: routing is per partition, not per key
         for i, request in enumerate(requests):
             try:
                 partition = self.local.partition_of(definition, request[0])
@@ -201,7 +202,9 @@ class ClusterStoreQueries(PointLookups):
             if partition is None:
                 valid.append(i)
                 continue
-            server = self._server(cmap, topic, partition)
+            server = servers.get(partition)
+            if server is None:
+                server = servers[partition] = self._server(cmap, topic, partition)
             if isinstance(server, ApiError):
                 results[i] = server
             else:

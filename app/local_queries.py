@@ -100,6 +100,8 @@ class LocalStoreQueries(PointLookups):
         self._state = state or (lambda: "RUNNING")
         self._role = role or (lambda topic, partition: "active")
         self._infos = [store_info(app, s, value_types[s.name]) for s in app.stores]
+        # Per store: its topic and key codec, looked up once rather than for every key routed.
+        self._routes = {s.name: (app.topic(s.topic), key_codec(app, s)) for s in app.stores}
 
     # -- metadata -------------------------------------------------------------------------------
 
@@ -137,8 +139,8 @@ class LocalStoreQueries(PointLookups):
 
     def partition_of(self, definition: StoreDefinition, key: Key) -> int | None:
         """Return the partition holding key of a co-partitioned store (None: any partition may)."""
-        topic = self.app.topic(definition.topic)
-        key_codec(self.app, definition).check(key)
+        topic, codec = self._routes[definition.name]
+        codec.check(key)
         if not definition.co_partitioned:
             return None
         return partition_for(key, topic.partitions, topic.key_format, self.app.kafka.partitioner)

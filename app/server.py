@@ -6,6 +6,7 @@ stops its streaming queries, closes RocksDB and stops Spark.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -118,6 +119,8 @@ def serve(settings: Settings, app: App) -> int:
         config = uvicorn.Config(
             asgi, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=10
         )
+        gc.collect()
+        gc.freeze()  # what start-up made lives as long as the node: keep it out of the collector's full passes
         run_until_signalled(uvicorn.Server(config))
     finally:
         print("iqgraph: stopping: streaming queries, stores, Spark", flush=True)

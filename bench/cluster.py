@@ -44,6 +44,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -134,7 +135,7 @@ def stop_nodes(nodes: Sequence[NodeProcess], timeout: float = 45.0) -> None:
     for node in nodes:
         try:
             node.process.wait(max(0.1, deadline - time.monotonic()))
-        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: fall back to a kill
+        except subprocess.TimeoutExpired:
             node.kill()
 
 
@@ -270,7 +271,9 @@ def timed(fetch: Callable[[], Values], expected: Values) -> float:
     return took
 
 
-def series(fetches: dict[str, tuple[Callable[[], Values], Values]], samples: int, warmups: int) -> dict[str, Any]:
+def series(
+    fetches: dict[str, tuple[Callable[[], Values], Values]], samples: int, warmups: int
+) -> dict[str, list[float]]:
     """Time each fetch samples times, alternating between them, after warmups each; return ms per fetch."""
     for fetch, expected in fetches.values():
         for _ in range(warmups):
@@ -422,46 +425,69 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def measure(args: argparse.Namespace, nodes: list[NodeProcess], counts: Counter[str]) -> dict[str, Any]:
+def time_queries(
+    args: argparse.Namespace, client: Client, nodes: list[NodeProcess], keys: dict[str, list[str]], truth: Counter[str]
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Time the cluster and all-local queries, alternating; return their ms and the forwarded-request check."""
+    urls = [node.url for node in nodes]
+    expected = {name: [truth.get(k) for k in ks] for name, ks in keys.items()}
+    before = forwarded(nodes)
+    get_many(client, urls[0], keys["spread"])
+    one_query = forwarded_delta(before, forwarded(nodes), urls)
+    before = forwarded(nodes)
+    times = series(
+        {
+            "cluster": (lambda: get_many(client, urls[0], keys["spread"]), expected["spread"]),
+            "all_local": (lambda: get_many(client, urls[0], keys["local"]), expected["local"]),
+        },
+        args.samples,
+        args.warmups,
+    )
+    series_delta = forwarded_delta(before, forwarded(nodes), urls)
+    queries = args.samples + args.warmups
+    check = {
+        "one_query": one_query,
+        "one_query_ok": one_request_per_peer(one_query, 1),
+        "series": series_delta,
+        "series_queries": queries,
+        "series_ok": one_request_per_peer(series_delta, queries),
+    }
+    return times, check
+
+
+def time_naive(
+    args: argparse.Namespace, client: Client, urls: list[str], keys: list[str], expected: Values
+) -> dict[str, list[float]]:
+    """Time the naive per-key fetches of keys, alternating between the three clients."""
+    layers = [HttpxLayer(urls, 1), HttpxLayer(urls, args.naive_concurrency)]
+    try:
+        return series(
+            {
+                "naive_sequential": (lambda: naive_sequential(client, urls, keys), expected),
+                "naive_httpx_sequential": (lambda: layers[0].fetch(keys), expected),
+                "naive_httpx_concurrent": (lambda: layers[1].fetch(keys), expected),
+            },
+            args.naive_samples,
+            1,
+        )
+    finally:
+        for layer in layers:
+            layer.close()
+
+
+def measure(args: argparse.Namespace, nodes: list[NodeProcess], truth: Counter[str]) -> dict[str, Any]:
     """Wait for the cluster, then time the cluster, all-local and naive fetches and check the forwarding."""
     urls = [node.url for node in nodes]
+    keys = {"spread": spread_keys(), "local": local_keys(0)}
     client = Client()
     try:
         wait_ready(nodes, timeout=args.timeout)
-        wait_caught_up(client, urls[0], counts, args.timeout)
+        wait_caught_up(client, urls[0], truth, args.timeout)
         ready_s = round(time.perf_counter() - args.started, 1)
         print(f"cluster ready and caught up {ready_s} s into the run", flush=True)
-        spread, local = spread_keys(), local_keys(0)
-        truth = {"spread": [counts.get(k) for k in spread], "local": [counts.get(k) for k in local]}
-        before = forwarded(nodes)
-        get_many(client, urls[0], spread)
-        one_query = forwarded_delta(before, forwarded(nodes), urls)
-        before = forwarded(nodes)
-        times = series(
-            {
-                "cluster": (lambda: get_many(client, urls[0], spread), truth["spread"]),
-                "all_local": (lambda: get_many(client, urls[0], local), truth["local"]),
-            },
-            args.samples,
-            args.warmups,
-        )
-        series_delta = forwarded_delta(before, forwarded(nodes), urls)
-        series_queries = args.samples + args.warmups
+        times, check = time_queries(args, client, nodes, keys, truth)
         print("cluster and all-local timed; naive per-key forwarding next", flush=True)
-        layers = [HttpxLayer(urls, 1), HttpxLayer(urls, args.naive_concurrency)]
-        try:
-            naive = series(
-                {
-                    "naive_sequential": (lambda: naive_sequential(client, urls, spread), truth["spread"]),
-                    "naive_httpx_sequential": (lambda: layers[0].fetch(spread), truth["spread"]),
-                    "naive_httpx_concurrent": (lambda: layers[1].fetch(spread), truth["spread"]),
-                },
-                args.naive_samples,
-                1,
-            )
-        finally:
-            for layer in layers:
-                layer.close()
+        times |= time_naive(args, client, urls, keys["spread"], [truth.get(k) for k in keys["spread"]])
         if args.keep_serving:
             print(f"serving {args.keep_serving:g} s more: {[(n.id, n.url, n.process.pid) for n in nodes]}", flush=True)
             time.sleep(args.keep_serving)
@@ -470,19 +496,13 @@ def measure(args: argparse.Namespace, nodes: list[NodeProcess], counts: Counter[
     return {
         "ready_s": ready_s,
         "keys": {
-            "spread_per_node": [sum(owner(k) == i for k in spread) for i in range(NODES)],
-            "spread_existing": sum(v is not None for v in truth["spread"]),
-            "local_existing": sum(v is not None for v in truth["local"]),
+            "spread_per_node": [sum(owner(k) == i for k in keys["spread"]) for i in range(NODES)],
+            "spread_existing": sum(k in truth for k in keys["spread"]),
+            "local_existing": sum(k in truth for k in keys["local"]),
         },
-        "latency": {name: latency(values) for name, values in {**times, **naive}.items()},
+        "latency": {name: latency(values) for name, values in times.items()},
         "naive_concurrency": args.naive_concurrency,
-        "forwarded": {
-            "one_query": one_query,
-            "one_query_ok": one_request_per_peer(one_query, 1),
-            "series": series_delta,
-            "series_queries": series_queries,
-            "series_ok": one_request_per_peer(series_delta, series_queries),
-        },
+        "forwarded": check,
     }
 
 

@@ -4,16 +4,19 @@ One run, all on this machine:
 
 1. produce ``--events`` generated shop orders into a 6-partition topic of an embedded Tansu broker;
 2. start one node (``iqgraph serve`` in a subprocess, raw endpoint on: ``GET /raw/{store}/{key}`` does the
-   same lookup as GraphQL through the same LocalStoreQueries) and wait until it is ready and has applied
-   every order; check that both paths answer the order count the events give;
+   same RocksDB lookup through the node's LocalStoreQueries; GraphQL reaches the same LocalStoreQueries
+   through the cluster layer, which on one node routes every key locally, so its cost counts against
+   GraphQL) and wait until it is ready and has applied every order; check that every path answers the
+   order count the events give;
 3. point lookups per second of one existing key, same load client, connections and duration for each:
    (a) ``POST /graphql`` ``{ orderCount { get(key: …) } }``, (b) ``GET /raw/order_count/<key>``,
    (c) ``GET /graphql?query=…``; runs alternate a → b → c, ``--rounds`` times, and the medians count.
    The client is wrk when it is on PATH (``make bench-query`` installs it as root), else a Python asyncio
-   keep-alive client (bench/query.py's own, much lighter than httpx so that it does not cap the raw rate);
+   keep-alive client (bench/query.py's own, much lighter than httpx so that it does not cap the raw rate).
+   Each run also records the node process's CPU time per request, the steadier figure on a shared machine;
 4. latency of one ``getMany`` of 1,000 keys (every shop customer ``customer-0000``..``customer-0499``,
    existing or not, plus 500 that never exist), with the keys inline in the query and as a variable:
-   p50 and p99 over ``--samples`` sequential requests;
+   p50 and p99 over ``--samples`` sequential requests, and the node's CPU time per request;
 5. a summary, and as the last line one JSON object with every figure.
 
 Targets (printed, not asserted): GraphQL point lookups ≥ 0.5 of the raw endpoint's rate; getMany of

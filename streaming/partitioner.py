@@ -7,6 +7,7 @@ UTF-8 for string keys, 8-byte big-endian for long keys (Kafka's LongSerializer).
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable
 
@@ -64,6 +65,7 @@ def serialize_key(key: str | int, key_format: KeyFormat) -> bytes:
     return str(key).encode("utf-8")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def partition_for(key: str | int, partitions: int, key_format: KeyFormat, partitioner: Partitioner) -> int:
-    """Return the partition of key for a topic with the given partition count."""
+    """Return the partition of key for a topic with the given partition count (recent keys are cached)."""
     return PARTITIONERS[partitioner](serialize_key(key, key_format), partitions)
