@@ -138,10 +138,23 @@ class Node:
         self.peers = PeerClient(self.settings.node_id)
         self.cluster = ClusterStoreQueries(self.queries, self.membership, self.peers, max_lag=self.settings.max_lag)
         self.membership.subscribe(self._on_new_map)
+        threading.Thread(target=self._supervise, name="query-supervisor", daemon=True).start()
         if isinstance(self.membership, StaticMembership) and len(self.membership.current().members) > 1:
             self.health = PeerHealth(self.membership)
             self.health.start()
         self.state = NodeState.RUNNING
+
+    def _supervise(self, interval: float = 2.0) -> None:
+        """Restart the streaming queries when one dies (e.g. a Python worker that failed to start)."""
+        while self.state is NodeState.RUNNING and self.runner is not None:
+            time.sleep(interval)
+            failure = self.runner.failure() if self.state is NodeState.RUNNING else None
+            if failure is not None:
+                log.warning("a streaming query died (%s); restarting the queries", str(failure).splitlines()[0][:300])
+                try:
+                    self.runner.restart()
+                except Exception:  # noqa: BLE001 - keep supervising; the next round tries again
+                    log.exception("restarting the streaming queries failed")
 
     def _membership(self) -> Membership:
         """Return the membership the settings ask for."""

@@ -208,6 +208,15 @@ class StreamRunner:
             if error is not None:
                 raise error
 
+    def failure(self) -> BaseException | None:
+        """Return the exception of a query that died, if one did."""
+        return next((e for e in (q.exception() for q in self._queries) if e is not None), None)
+
+    def restart(self) -> None:
+        """Restart every query over the partitions open now (after a query died)."""
+        with self._lock:
+            self.reassign({topic: sorted(open_now) for topic, open_now in self.partitions.items()})
+
     def status(self) -> list[PartitionStatus]:
         """Return the state and lag of every owned partition."""
         result = []

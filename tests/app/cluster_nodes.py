@@ -56,45 +56,29 @@ def write_app_module(home: Path, name: str, topic: str, partitions: int, bootstr
     )
 
 
+def start_node(home: Path, module: str, node_id: str, port: int, flags: Sequence[str] = ()) -> NodeProcess:
+    """Start one `iqgraph serve` node of app module:app on port, its state and log in home."""
+    log = home / f"{node_id}.log"
+    command = [
+        sys.executable, "-m", "app.cli", "serve", "--app", f"{module}:app", "--port", str(port),
+        "--node-id", node_id, "--state-dir", str(home / f"state-{node_id}"),
+        "--spark-master", "local[1]", "--driver-memory", "768m", *flags,
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=home, env={**os.environ, "PYTHONPATH": f"{ROOT}:{home}"}, stdout=log.open("w"),
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    return NodeProcess(node_id, f"http://127.0.0.1:{port}", process, log)
+
+
 def start_nodes(home: Path, module: str, count: int, extra: Sequence[Sequence[str]] = ()) -> list[NodeProcess]:
     """Start count nodes of one static cluster (extra[i]: more flags for node i)."""
     ports = [free_port() for _ in range(count)]
     peers = ",".join(f"node-{i}=http://127.0.0.1:{port}" for i, port in enumerate(ports))
-    nodes = []
-    for i, port in enumerate(ports):
-        log = home / f"node-{i}.log"
-        flags = list(extra[i]) if i < len(extra) else []
-        command = [
-            sys.executable,
-            "-m",
-            "app.cli",
-            "serve",
-            "--app",
-            f"{module}:app",
-            "--port",
-            str(port),
-            "--node-id",
-            f"node-{i}",
-            "--peers",
-            peers,
-            "--state-dir",
-            str(home / f"state-{i}"),
-            "--spark-master",
-            "local[1]",
-            "--driver-memory",
-            "768m",
-            *flags,
-        ]
-        process = subprocess.Popen(
-            command,
-            cwd=home,
-            env={**os.environ, "PYTHONPATH": f"{ROOT}:{home}"},
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        nodes.append(NodeProcess(f"node-{i}", f"http://127.0.0.1:{port}", process, log))
-    return nodes
+    return [
+        start_node(home, module, f"node-{i}", port, ["--peers", peers, *(extra[i] if i < len(extra) else [])])
+        for i, port in enumerate(ports)
+    ]
 
 
 def wait_ready(nodes: Sequence[NodeProcess], timeout: float = 300) -> None:

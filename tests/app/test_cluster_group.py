@@ -4,9 +4,6 @@ and every key answers with the same values on both nodes."""
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +12,7 @@ import pytest
 
 from examples.shop import build_app
 from streaming.broker import EmbeddedBroker, free_port
-from tests.app.cluster_nodes import ROOT, NodeProcess, wait_ready, write_app_module
+from tests.app.cluster_nodes import NodeProcess, start_node, wait_ready, write_app_module
 from tests.conftest import MakeTopic
 from tests.streaming.ground_truth import expected
 from tests.streaming.test_pipeline import START_MS, send
@@ -27,41 +24,9 @@ NODES = "{ nodes { id state partitions { partition role state appliedOffset endO
 
 def _start(home: Path, node_id: str) -> NodeProcess:
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = home / f"{node_id}.log"
-    command = [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "serve",
-        "--app",
-        "groupapp:app",
-        "--port",
-        str(port),
-        "--node-id",
-        node_id,
-        "--advertised-url",
-        url,
-        "--membership",
-        "kafka",
-        "--group-session-timeout-ms",
-        "2000",
-        "--state-dir",
-        str(home / f"state-{node_id}"),
-        "--spark-master",
-        "local[1]",
-        "--driver-memory",
-        "768m",
-    ]
-    process = subprocess.Popen(
-        command,
-        cwd=home,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}:{home}"},
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    return NodeProcess(node_id, url, process, log)
+    flags = ["--advertised-url", f"http://127.0.0.1:{port}", "--membership", "kafka",
+             "--group-session-timeout-ms", "2000"]  # fmt: skip
+    return start_node(home, "groupapp", node_id, port, flags)
 
 
 def _active(node: NodeProcess) -> dict[str, list[int]]:

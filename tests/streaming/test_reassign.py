@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from examples.shop import build_app
 from stores import StateDirectory
@@ -55,5 +58,41 @@ def test_reassignment_keeps_untouched_partitions_and_rebuilds_new_ones(
         runner.wait_until_caught_up(timeout=180)
         now = read_back(app, runner.partitions[topic].values())
         assert_equal_to_ground_truth(app, now, _of(first + more, {2, 3, 4, 5}))
+    finally:
+        runner.stop()
+
+
+def test_a_query_that_dies_is_restarted_from_the_stores(
+    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streaming.sink import StoreSink
+
+    topic = make_topic(2, prefix="orders")
+    app = build_app(topic, 2)
+    assert app.generator is not None
+    events = list(itertools.islice(app.generator(37, START_MS), 500))
+    send(broker, topic, events)
+    original = StoreSink.apply
+    calls = {"n": 0}
+
+    def fail_once(self: StoreSink, batches: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected: the sink died")
+        original(self, batches)
+
+    monkeypatch.setattr(StoreSink, "apply", fail_once)
+    runner = StreamRunner(
+        app, spark, StateDirectory(tmp_path / "state", app.name), RunnerSettings(broker.bootstrap_servers)
+    )
+    try:
+        runner.start({topic: [0, 1]})
+        deadline = time.monotonic() + 120
+        while runner.failure() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "injected" in str(runner.failure())
+        runner.restart()
+        runner.wait_until_caught_up(timeout=180)
+        assert_equal_to_ground_truth(app, read_back(app, runner.partitions[topic].values()), events)
     finally:
         runner.stop()
