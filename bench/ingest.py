@@ -5,18 +5,22 @@ One run, five steps, all on this machine:
 1. produce ``--events`` generated shop orders into a 6-partition topic of an embedded Tansu broker, from
    ``--producers`` processes in parallel (Tansu takes one record per request, ~5k records/s per producer);
 2. raw consume: a plain confluent-kafka Consumer assigned every partition from offset 0 reads them all in
-   bulk — the ceiling for the Kafka side, in records/s;
+   bulk, the ceiling on the Kafka side (records/s); again with larger fetches, which Tansu serves faster;
 3. ingest: a StreamRunner over the 6 partitions, from empty stores, until every partition has applied
-   everything; events/s over the whole run (Spark / Python worker warm-up included) and without the first
-   batch (the streaming query's progress: rows and ``triggerExecution`` of the later batches);
-4. latency under light load: with the runner caught up (trigger ``--trigger``), single orders at ``--rate``
-   per second for ``--seconds``, each with a new customer key; the store is polled until the key's count is
-   visible; p50 and p99 in ms;
+   everything: events/s over the whole run (Spark and Python worker warm-up included), and without the first
+   batch (rows / ``triggerExecution`` of the later batches, from the streaming query's progress);
+4. latency under light load: with the runner caught up (trigger ``--trigger``), one order at a time at
+   ``--rate`` per second for ``--seconds``, each with a customer key of its own, the store polled until the
+   key's order count is visible: p50 and p99 in ms;
 5. a summary, and as the last line one JSON object with every figure.
 
-The targets (printed, not asserted): ≥ 100,000 events/s, ≥ 0.3 of the raw consume rate, p50 ≤ 500 ms.
+CPU seconds of the node (this process, the Spark JVM and its Python workers) and of the broker are reported
+for the ingest and latency steps: on a shared machine they move less than wall time does.
+
+Targets (printed, not asserted): ≥ 100,000 events/s, ≥ 0.3 of the raw consume rate, p50 ≤ 500 ms.
 
 Usage: ``make bench-ingest`` or ``.venv/bin/python bench/ingest.py [--events N] [--max-records-per-batch M]``.
+Run it from the repository root: Spark's Python workers import ``streaming`` from the working directory.
 """
 
 from __future__ import annotations
@@ -58,9 +62,48 @@ START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 TARGET_EVENTS_PER_S = 100_000
 TARGET_RAW_RATIO = 0.3
 TARGET_P50_MS = 500.0
+#: Parts of a micro-batch's triggerExecution in the query's progress (addBatch holds our sink).
 DURATIONS = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets")
+#: Fetch settings under which Tansu serves a consumer several times faster than librdkafka's defaults do.
+LARGE_FETCHES = {"max.partition.fetch.bytes": 16 << 20, "fetch.max.bytes": 64 << 20}
 
 log = logging.getLogger("bench.ingest")
+
+
+# -- CPU time -------------------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[int, str, float] | None:
+    """Return (parent pid, name, CPU seconds of the process and its reaped children) from /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+    ticks = sum(int(x) for x in rest[11:15])  # utime stime cutime cstime
+    return int(rest[1]), name, ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds() -> dict[str, float]:
+    """Return the CPU seconds used so far by this process tree: the broker apart, the node (the rest)."""
+    if not Path("/proc/self/stat").exists():
+        return {}
+    stats = {int(d): s for d in os.listdir("/proc") if d.isdigit() and (s := _proc_stat(int(d))) is not None}
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    totals, pending = {"node": 0.0, "broker": 0.0}, [(os.getpid(), "node")]
+    while pending:
+        pid, part = pending.pop()
+        part = "broker" if stats[pid][1] == "tansu" else part
+        totals[part] += stats[pid][2]
+        pending.extend((child, part) for child in children.get(pid, []) if child in stats)
+    return totals
+
+
+def cpu_since(before: dict[str, float]) -> dict[str, float]:
+    """Return the CPU seconds used since before (a cpu_seconds() result)."""
+    return {k: round(v - before.get(k, 0.0), 1) for k, v in cpu_seconds().items()}
 
 
 # -- 1. produce ----------------------------------------------------------------------------------------
@@ -90,10 +133,6 @@ def produce_events(bootstrap: str, topic: str, events: int, workers: int) -> flo
 
 
 # -- 2. raw consume --------------------------------------------------------------------------------------
-
-
-#: Fetch settings under which Tansu serves a consumer ~3x faster than librdkafka's defaults (fewer, larger fetches).
-LARGE_FETCHES = {"max.partition.fetch.bytes": 16 << 20, "fetch.max.bytes": 64 << 20}
 
 
 def raw_consume(
@@ -137,8 +176,9 @@ class SinkTimes(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         args = record.args
-        if record.msg.startswith("batch %d of %s") and isinstance(args, tuple) and len(args) == 5:
-            self.batches[int(args[0])] = (float(args[3]), float(args[4]))
+        if str(record.msg).startswith("batch %d of %s") and isinstance(args, tuple) and len(args) == 5:
+            batch_id, _, _, spark_ms, merge_ms = args
+            self.batches[int(str(batch_id))] = (float(str(spark_ms)), float(str(merge_ms)))
 
 
 @dataclass
@@ -151,10 +191,15 @@ class Batch:
     spark_ms: float | None = None
     merge_ms: float | None = None
 
+    @property
+    def trigger_ms(self) -> int:
+        """Return the batch's whole duration."""
+        return self.durations_ms.get("triggerExecution", 0)
+
     def summary(self) -> dict[str, Any]:
         """Return the batch as compact JSON-able figures."""
-        extra = {} if self.spark_ms is None else {"sink_spark": round(self.spark_ms), "sink_merge": round(self.merge_ms or 0)}
-        return {"id": self.batch_id, "rows": self.rows, "ms": self.durations_ms, **extra}
+        sink = {} if self.spark_ms is None else {"sink_spark": round(self.spark_ms), "merge": round(self.merge_ms or 0)}
+        return {"id": self.batch_id, "rows": self.rows, "ms": self.durations_ms, **sink}
 
 
 def batches_of(runner: StreamRunner, sink: SinkTimes) -> list[Batch]:
@@ -177,6 +222,7 @@ class Ingest:
     seconds: float
     events: int
     batches: list[Batch] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -187,16 +233,17 @@ class Ingest:
     def steady_rate(self) -> float | None:
         """Return events/s of every batch but the first (rows / triggerExecution)."""
         later = self.batches[1:]
-        took = sum(b.durations_ms.get("triggerExecution", 0) for b in later)
+        took = sum(b.trigger_ms for b in later)
         return sum(b.rows for b in later) / (took / 1000) if later and took else None
 
 
 def ingest(runner: StreamRunner, topic: str, events: int, sink: SinkTimes, timeout: float) -> Ingest:
     """Start the runner over every partition and wait until it has applied every event."""
+    cpu = cpu_seconds()
     started = time.perf_counter()
     runner.start({topic: range(PARTITIONS)})
     runner.wait_until_caught_up(timeout=timeout, poll=0.05)
-    result = Ingest(time.perf_counter() - started, events)
+    result = Ingest(time.perf_counter() - started, events, cpu=cpu_since(cpu))
     deadline = time.monotonic() + 30
     while sum(b.rows for b in result.batches) < events and time.monotonic() < deadline:
         time.sleep(0.05)  # the last progress report follows the sink's commit by a few ms
@@ -207,7 +254,7 @@ def ingest(runner: StreamRunner, topic: str, events: int, sink: SinkTimes, timeo
 # -- 4. latency ------------------------------------------------------------------------------------------
 
 
-def latency_events(app: App, events: int, count: int) -> list[tuple[str, bytes]]:
+def latency_events(events: int, count: int) -> list[tuple[str, bytes]]:
     """Return count orders after the bench's events, each with a customer key of its own."""
     run = uuid.uuid4().hex[:8]
     result = []
@@ -235,8 +282,7 @@ def measure_latency(
     started = time.perf_counter()
     sent, deadline = 0, started + len(orders) / rate + timeout
     while (sent < len(orders) or pending) and time.perf_counter() < deadline:
-        now = time.perf_counter()
-        if sent < len(orders) and now >= started + sent / rate:
+        if sent < len(orders) and time.perf_counter() >= started + sent / rate:
             key, value = orders[sent]
             partition = partition_for(key, topic.partitions, topic.key_format, app.kafka.partitioner)
             pending[key] = (partition, time.perf_counter())
@@ -247,15 +293,22 @@ def measure_latency(
             if views[partition].get(key) is not None:
                 latencies.append((time.perf_counter() - sent_at) * 1000)
                 del pending[key]
-        time.sleep(0.001)
+        time.sleep(0.005)  # a 5 ms poll: resolution enough, and it leaves the 2 cores to Spark
     producer.flush(10)
     if errors or pending:
         log.warning("latency: %d delivery errors, %d orders never visible", len(errors), len(pending))
     return latencies
 
 
+def percentile(values: list[float], q: int) -> float | None:
+    """Return the q-th percentile of values (inclusive method); None without values."""
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
 def medians(batches: list[Batch]) -> dict[str, Any]:
-    """Return the median durations (ms) and rows of batches, with how many there were."""
+    """Return how many batches there were and their median rows and durations (ms)."""
     if not batches:
         return {"batches": 0}
     result: dict[str, Any] = {"batches": len(batches), "rows": statistics.median(b.rows for b in batches)}
@@ -267,11 +320,36 @@ def medians(batches: list[Batch]) -> dict[str, Any]:
     return result
 
 
-def percentile(values: list[float], q: int) -> float | None:
-    """Return the q-th percentile of values (inclusive method), None when there are fewer than two."""
-    if len(values) < 2:
-        return values[0] if values else None
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+@dataclass
+class Latency:
+    """What the latency step measured."""
+
+    rate: float
+    latencies: list[float]
+    batches: list[Batch]
+    cpu: dict[str, float]
+
+    def summary(self) -> dict[str, Any]:
+        """Return the step's figures, JSON-able."""
+        p50, p99 = percentile(self.latencies, 50), percentile(self.latencies, 99)
+        return {
+            "latency_p50_ms": None if p50 is None else round(p50, 1),
+            "latency_p99_ms": None if p99 is None else round(p99, 1),
+            "latency_samples": len(self.latencies),
+            "latency_rate_per_s": self.rate,
+            "latency_batches": medians(self.batches),
+            "latency_cpu_s": self.cpu,
+        }
+
+
+def light_load(runner: StreamRunner, app: App, bootstrap: str, args: argparse.Namespace, sink: SinkTimes) -> Latency:
+    """Run the latency step on a caught-up runner."""
+    orders = latency_events(args.events, int(args.rate * args.seconds))
+    before, cpu = len(batches_of(runner, sink)), cpu_seconds()
+    latencies = measure_latency(runner, app, bootstrap, orders, args.rate)
+    used = cpu_since(cpu)
+    time.sleep(0.5)  # the last batch's progress report
+    return Latency(args.rate, latencies, batches_of(runner, sink)[before:], used)
 
 
 # -- 5. report -------------------------------------------------------------------------------------------
@@ -291,52 +369,59 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def report(
-    args: argparse.Namespace, figures: dict[str, Any], run: Ingest, latencies: list[float], light: list[Batch]
-) -> None:
-    """Print the human-readable summary, then the JSON summary as the last line."""
-    raw, steady = figures["raw_consume_rate"], run.steady_rate
-    p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
-    print(f"ingest bench: {args.events:,} shop orders, {PARTITIONS} partitions, {machine()}")
-    print(f"produce      {figures['produce_rate']:>10,.0f} records/s  ({args.producers} producer processes)")
-    print(f"raw consume  {raw:>10,.0f} records/s  (one confluent-kafka Consumer, all partitions)")
-    print(f"raw consume  {figures['raw_consume_rate_large_fetches']:>10,.0f} records/s  (the same with {LARGE_FETCHES})")
-    print(f"ingest       {run.rate:>10,.0f} events/s  ({run.seconds:.1f} s, first batch included)")
-    print(f"ingest       {_fmt(steady):>10} events/s  (first batch excluded)   target ≥ {TARGET_EVENTS_PER_S:,}")
-    print(f"ratio        {_fmt(steady and steady / raw, '.3f'):>10} of raw consume             target ≥ {TARGET_RAW_RATIO}")
-    print(f"visible p50  {_fmt(p50, ',.0f'):>10} ms  p99 {_fmt(p99, ',.0f')} ms  ({len(latencies)} orders at {args.rate:g}/s)"
-          f"   target p50 ≤ {TARGET_P50_MS:.0f}")
-    light_medians = medians(light)
-    print(f"  batches under light load: {light_medians}")
-    print(f"{'batch':>5} {'rows':>7} {'trigger':>7} " + " ".join(f"{d[:10]:>10}" for d in DURATIONS)
-          + f" {'sink spark':>10} {'merge':>6}  (ms)")
-    for b in run.batches:
-        cells = " ".join(f"{b.durations_ms.get(d, 0):>10,}" for d in DURATIONS)
-        print(f"{b.batch_id:>5} {b.rows:>7,} {b.durations_ms.get('triggerExecution', 0):>7,} {cells} "
-              f"{_fmt(b.spark_ms):>10} {_fmt(b.merge_ms):>6}")
-    summary = {
+def summary(args: argparse.Namespace, kafka: dict[str, float], run: Ingest, light: Latency) -> dict[str, Any]:
+    """Return every figure of the run as one JSON-able object."""
+    raw, steady = kafka["raw_consume_rate"], run.steady_rate
+    return {
         "events": args.events,
         "partitions": PARTITIONS,
         "max_records_per_batch": args.max_records_per_batch,
         "trigger": args.trigger,
         "master": args.master,
-        **{k: round(v) for k, v in figures.items()},
+        **{k: round(v) for k, v in kafka.items()},
         "ingest_events_per_s": round(run.rate),
-        "ingest_seconds": round(run.seconds, 2),
         "ingest_events_per_s_excl_first": None if steady is None else round(steady),
         "ratio_ingest_raw": None if steady is None else round(steady / raw, 3),
         "ratio_ingest_raw_incl_first": round(run.rate / raw, 3),
-        "latency_p50_ms": None if p50 is None else round(p50, 1),
-        "latency_p99_ms": None if p99 is None else round(p99, 1),
-        "latency_samples": len(latencies),
-        "latency_rate_per_s": args.rate,
-        "latency_batch_medians_ms": light_medians,
+        "ingest_seconds": round(run.seconds, 2),
+        "ingest_cpu_s": run.cpu,
+        **light.summary(),
         "batches": [b.summary() for b in run.batches],
         "targets": {"events_per_s": TARGET_EVENTS_PER_S, "ratio_raw": TARGET_RAW_RATIO, "p50_ms": TARGET_P50_MS},
-        "machine": machine(),
+        "machine": {**machine(), "load_1min_at_start": args.load_at_start},
         "seconds": round(time.perf_counter() - args.started, 1),
     }
-    print(json.dumps(summary, separators=(",", ":")))
+
+
+def print_batches(batches: list[Batch]) -> None:
+    """Print one line per ingest batch: its rows and where its time went."""
+    names = " ".join(f"{d[:10]:>10}" for d in DURATIONS)
+    print(f"{'batch':>5} {'rows':>7} {'trigger':>7} {names} {'sink spark':>10} {'merge':>6}  (ms)")
+    for b in batches:
+        cells = " ".join(f"{b.durations_ms.get(d, 0):>10,}" for d in DURATIONS)
+        print(f"{b.batch_id:>5} {b.rows:>7,} {b.trigger_ms:>7,} {cells} {_fmt(b.spark_ms):>10} {_fmt(b.merge_ms):>6}")
+
+
+def report(figures: dict[str, Any], producers: int) -> None:
+    """Print the human-readable summary of figures (a summary() result)."""
+    f = figures
+    ratio, p50 = f["ratio_ingest_raw"], f["latency_p50_ms"]
+    print(f"ingest bench: {f['events']:,} shop orders, {PARTITIONS} partitions, {f['machine']}")
+    print(f"produce      {f['produce_rate']:>10,} records/s  ({producers} producer processes, one record per request)")
+    print(f"raw consume  {f['raw_consume_rate']:>10,} records/s  (one confluent-kafka Consumer, default fetches)")
+    print(f"raw consume  {f['raw_consume_rate_large_fetches']:>10,} records/s  (the same, {LARGE_FETCHES})")
+    print(f"ingest       {f['ingest_events_per_s']:>10,} events/s   ({f['ingest_seconds']} s, first batch included)")
+    print(f"ingest       {_fmt(f['ingest_events_per_s_excl_first']):>10} events/s   (first batch excluded)")
+    print(
+        f"             target ≥ {TARGET_EVENTS_PER_S:,} events/s; ingest / raw consume {_fmt(ratio, '.3f')}, ", end=""
+    )
+    print(f"target ≥ {TARGET_RAW_RATIO}; CPU s {f['ingest_cpu_s']}")
+    print(
+        f"visible      p50 {_fmt(p50, ',.0f')} ms, p99 {_fmt(f['latency_p99_ms'], ',.0f')} ms "
+        f"({f['latency_samples']} orders at {f['latency_rate_per_s']:g}/s), target p50 ≤ {TARGET_P50_MS:.0f} ms; "
+        f"CPU s {f['latency_cpu_s']}"
+    )
+    print(f"             batches under light load (medians): {f['latency_batches']}")
 
 
 # -- the run ---------------------------------------------------------------------------------------------
@@ -353,45 +438,59 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trigger", default="0 seconds", help="trigger interval of the streaming query")
     parser.add_argument("--rate", type=float, default=20.0, help="latency step: orders per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency step: how long")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="an extra Spark setting")
+    parser.add_argument("--kafka", action="append", default=[], metavar="KEY=VALUE", help="a librdkafka setting")
     parser.add_argument("--timeout", type=float, default=600.0, help="ingest timeout (s)")
     parser.add_argument("--verbose", action="store_true", help="print the sink's per-batch log lines")
     args = parser.parse_args()
-    args.started = time.perf_counter()
+    args.started, args.load_at_start = time.perf_counter(), round(os.getloadavg()[0], 2)
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def setup_logging(verbose: bool) -> SinkTimes:
+    """Log warnings (and the sink's per-batch lines when verbose); return the collector of sink timings."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(logging.INFO if verbose else logging.WARNING)
     sink_times = SinkTimes()
     sink_log = logging.getLogger("streaming.sink")
     sink_log.addHandler(sink_times)
     sink_log.setLevel(logging.INFO)
-    for handler in logging.getLogger().handlers:  # the sink's per-batch INFO lines only with --verbose
-        handler.setLevel(logging.INFO if args.verbose else logging.WARNING)
+    return sink_times
+
+
+def main() -> None:
+    args = parse_args()
+    sink_times = setup_logging(args.verbose)
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     app = build_app(topic, partitions=PARTITIONS)
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-") as tmp:
         broker.create_topics({topic: PARTITIONS})
         bootstrap = broker.bootstrap_servers
-        figures = {"produce_rate": args.events / produce_events(bootstrap, topic, args.events, args.producers)}
-        figures["raw_consume_rate"] = args.events / raw_consume(bootstrap, topic, args.events)
-        figures["raw_consume_rate_large_fetches"] = args.events / raw_consume(bootstrap, topic, args.events, LARGE_FETCHES)
-        extra = dict(item.split("=", 1) for item in args.conf)
-        spark = build_spark_session(args.master, shuffle_partitions=args.shuffle_partitions, extra_conf=extra)
-        settings = RunnerSettings(bootstrap, max_records_per_batch=args.max_records_per_batch, trigger_interval=args.trigger)
+        kafka = {"produce_rate": args.events / produce_events(bootstrap, topic, args.events, args.producers)}
+        kafka["raw_consume_rate"] = args.events / raw_consume(bootstrap, topic, args.events)
+        kafka["raw_consume_rate_large_fetches"] = args.events / raw_consume(
+            bootstrap, topic, args.events, LARGE_FETCHES
+        )
+        conf = dict(item.split("=", 1) for item in args.conf)
+        spark = build_spark_session(args.master, shuffle_partitions=args.shuffle_partitions, extra_conf=conf)
+        settings = RunnerSettings(
+            bootstrap,
+            kafka_config=dict(item.split("=", 1) for item in args.kafka),
+            max_records_per_batch=args.max_records_per_batch,
+            trigger_interval=args.trigger,
+        )
         runner = StreamRunner(app, spark, StateDirectory(Path(tmp) / "state", app.name), settings)
         try:
             run = ingest(runner, topic, args.events, sink_times, args.timeout)
-            orders = latency_events(app, args.events, int(args.rate * args.seconds))
-            latencies = measure_latency(runner, app, bootstrap, orders, args.rate)
-            time.sleep(0.5)  # the last batch's progress report
-            light = batches_of(runner, sink_times)[len(run.batches) :]
+            light = light_load(runner, app, bootstrap, args, sink_times)
         finally:
             runner.stop()
             spark.stop()
-    report(args, figures, run, latencies, light)
+    figures = summary(args, kafka, run, light)
+    report(figures, args.producers)
+    print_batches(run.batches)
+    print(json.dumps(figures, separators=(",", ":")))
 
 
 if __name__ == "__main__":
