@@ -99,6 +99,7 @@ class StreamRunner:
         self.partitions: dict[str, dict[int, PartitionStores]] = {}
         self._targets: dict[tuple[str, int], int] = {}
         self._queries: list[StreamingQuery] = []
+        self._sinks: list[StoreSink] = []
         self._checkpoints: list[Path] = []
         self._offsets: dict[str, KafkaOffsets] = {}
         self._dead_letter_queue: DeadLetterQueue | None = None
@@ -137,6 +138,7 @@ class StreamRunner:
         stores = self.partitions[topic]
         starting = {p: stores[p].db.next_offset() for p in owned}
         sink = StoreSink(self.app, self.app.topic(topic), dict(stores), self._dead_letters(), self._committed(topic))
+        self._sinks.append(sink)
         checkpoint = Path(tempfile.mkdtemp(prefix=f"iqgraph-{self.app.name}-{topic}-"))
         self._checkpoints.append(checkpoint)
         options = source_options(self.settings, topic, owned, starting)
@@ -171,9 +173,12 @@ class StreamRunner:
     def stop_queries(self) -> None:
         """Stop every streaming query (stores stay open)."""
         with self._lock:
+            for sink in self._sinks:
+                sink.stopping = True
             for query in self._queries:
                 query.stop()
             self._queries.clear()
+            self._sinks.clear()
             for checkpoint in self._checkpoints:
                 shutil.rmtree(checkpoint, ignore_errors=True)
             self._checkpoints.clear()

@@ -90,12 +90,21 @@ class StoreSink:
         self._schema = None
         self._partition_of: dict[Any, int] = {}
         self._lock = threading.Lock()
+        self.stopping = False
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Apply one micro-batch (Spark's foreachBatch calls this on the driver)."""
         with self._lock:
             started = time.perf_counter()
-            table = self.partials(batch)
+            try:
+                table = self.partials(batch)
+            except Exception:
+                if not self.stopping:
+                    raise
+                # The query is being stopped and Spark cancelled this batch's job: nothing was written,
+                # the stores' offsets still say where to resume.
+                log.info("batch %d of %s abandoned: the query is stopping", batch_id, self.topic.name)
+                return
             computed = time.perf_counter()
             if table.num_rows:
                 self.apply(_parse(table))
