@@ -31,9 +31,20 @@ demo: install check-java
 test: install check-java
 	$(BIN)/python -m pytest -q
 
-lint: install
+lint: install typecheck
 	$(BIN)/ruff check .
-	$(BIN)/mypy
+
+# mypy cannot follow setuptools' editable finder (the package-dir mapping of iqgraph.* to the top-level
+# folders), so it checks a tree of links laid out as the installed package: build/typecheck/iqgraph/...
+TYPECHECK := build/typecheck
+typecheck: install
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/iqgraph
+	$(BIN)/python -c 'import pathlib, tomllib; \
+	  dirs = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]; \
+	  tree = pathlib.Path("$(TYPECHECK)"); \
+	  [(tree / "iqgraph" / f.name).symlink_to(f.resolve()) for f in pathlib.Path(dirs["iqgraph"]).iterdir() if f.suffix in (".py", ".typed")]; \
+	  [(tree / n.replace(".", "/")).symlink_to(pathlib.Path(d).resolve()) for n, d in dirs.items() if n != "iqgraph"]'
+	cd $(TYPECHECK) && $(abspath $(BIN))/mypy --config-file $(CURDIR)/pyproject.toml
 
 bench-stores: install
 	$(BIN)/python bench/stores.py

@@ -4,7 +4,7 @@ Light names are exported here; ``app.node``, ``app.server`` and ``app.demo`` sta
 and are imported where they are used.
 """
 
-from app.loading import AppLoadError, load_app
-from app.settings import Settings, SettingsError, load_settings
+from iqgraph.app.loading import AppLoadError, load_app
+from iqgraph.app.settings import Settings, SettingsError, load_settings
 
 __all__ = ["AppLoadError", "Settings", "SettingsError", "load_app", "load_settings"]

@@ -14,10 +14,10 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from app.loading import AppLoadError, load_app
-from app.settings import Settings, SettingsError, load_settings
-from stores import StoreError
-from streaming.definitions import DefinitionError
+from iqgraph.app.loading import AppLoadError, load_app
+from iqgraph.app.settings import Settings, SettingsError, load_settings
+from iqgraph.stores import StoreError
+from iqgraph.streaming.definitions import DefinitionError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     AppLoadError,
@@ -29,7 +29,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--app", help="the app to run, as package.module:attribute (e.g. examples.shop:app)")
+    parser.add_argument("--app", help="the app to run, as package.module:attribute (e.g. iqgraph.examples.shop:app)")
     parser.add_argument("--config", type=Path, help="a TOML settings file")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8000)")
@@ -85,25 +85,25 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        from app.server import serve
+        from iqgraph.app.server import serve
 
         settings = _settings(args)
         return serve(settings, load_app(settings.app))
     if args.command == "demo":
-        from app.demo import run_demo
+        from iqgraph.app.demo import run_demo
 
         return run_demo(
             port=args.port, state_dir=args.state_dir, rate=args.rate, duration=args.duration, nodes=args.nodes
         )
     if args.command == "schema":
-        from app.server import print_schema
+        from iqgraph.app.server import print_schema
 
         return print_schema(load_app(args.app))
     return _produce(args)
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from app.producer import ONE_RECORD_PER_REQUEST, produce_events, producer_config
+    from iqgraph.app.producer import ONE_RECORD_PER_REQUEST, produce_events, producer_config
 
     app = load_app(args.app)
     extra = ONE_RECORD_PER_REQUEST if args.one_record_per_request else None
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _node_errors() -> tuple[type[BaseException], ...]:
-    from app.node import NodeStartError
+    from iqgraph.app.node import NodeStartError
 
     return (NodeStartError,)
 

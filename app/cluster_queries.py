@@ -17,16 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.local_queries import LocalStoreQueries
-from app.membership import ClusterMap, Membership
-from app.merging import Request, combiner, finalize, finalize_items, scan_merge
-from app.peers import PeerClient, PeerError, PeerUnavailableError
-from app.point_lookups import PointLookups
-from app.scatter import decode_positions, merge_pages, merged_page
-from schema.errors import ApiError
-from schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, Scan, StoreInfo
-from stores import Key, Page, StoreError, StoreKind, WindowedValue
-from streaming.definitions import StoreDefinition
+from iqgraph.app.local_queries import LocalStoreQueries
+from iqgraph.app.membership import ClusterMap, Membership
+from iqgraph.app.merging import Request, combiner, finalize, finalize_items, scan_merge
+from iqgraph.app.peers import PeerClient, PeerError, PeerUnavailableError
+from iqgraph.app.point_lookups import PointLookups
+from iqgraph.app.scatter import decode_positions, merge_pages, merged_page
+from iqgraph.schema.errors import ApiError
+from iqgraph.schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, Scan, StoreInfo
+from iqgraph.stores import Key, Page, StoreError, StoreKind, WindowedValue
+from iqgraph.streaming.definitions import StoreDefinition
 
 NOT_AVAILABLE = "STORE_NOT_AVAILABLE"
 LAG_EXCEEDED = "LAG_EXCEEDED"

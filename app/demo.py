@@ -16,13 +16,13 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from app.node import Node
-from app.producer import ONE_RECORD_PER_REQUEST, produce_events, producer_config
-from app.server import build_asgi, graphql_app, run_until_signalled
-from app.settings import Settings
-from examples.shop import build_app
-from streaming.broker import EmbeddedBroker
-from streaming.definitions import App, KafkaSettings
+from iqgraph.app.node import Node
+from iqgraph.app.producer import ONE_RECORD_PER_REQUEST, produce_events, producer_config
+from iqgraph.app.server import build_asgi, graphql_app, run_until_signalled
+from iqgraph.app.settings import Settings
+from iqgraph.examples.shop import build_app
+from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.streaming.definitions import App, KafkaSettings
 
 HISTORY = 3_000  # orders produced before the node starts, so that the first queries find data
 EXAMPLE_QUERIES = """\
@@ -69,7 +69,7 @@ def run_demo(*, port: int, state_dir: Path | None, rate: float, duration: float,
         app, producer, stop = _orders(broker, rate)
         directory = state_dir or Path(tempfile.mkdtemp(prefix="iqgraph-demo-"))
         settings = Settings(
-            app="examples.shop:app",
+            app="iqgraph.examples.shop:app",
             port=port,
             state_dir=directory,
             bootstrap_servers=broker.bootstrap_servers,
@@ -124,10 +124,10 @@ def _node_process(index: int, port: int, peers: str, bootstrap: str, root: Path)
     command = [
         sys.executable,
         "-m",
-        "app.cli",
+        "iqgraph.app.cli",
         "serve",
         "--app",
-        "examples.shop:app",
+        "iqgraph.examples.shop:app",
         "--bootstrap-servers",
         bootstrap,
         "--node-id",

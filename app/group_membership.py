@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from app.membership import ClusterMap, Member, PartitionOwners, standbys_for
-from streaming.broker import ONE_RECORD_PER_REQUEST
+from iqgraph.app.membership import ClusterMap, Member, PartitionOwners, standbys_for
+from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST
 
 __all__ = ["GroupMembership", "GroupMembershipError", "MemberRecord", "build_map", "metadata_topic_for"]
 

@@ -7,7 +7,7 @@ import threading
 
 import httpx
 
-from app.membership import StaticMembership
+from iqgraph.app.membership import StaticMembership
 
 log = logging.getLogger(__name__)
 

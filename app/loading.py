@@ -6,7 +6,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from streaming.definitions import App
+from iqgraph.streaming.definitions import App
 
 
 class AppLoadError(ValueError):
@@ -17,7 +17,8 @@ def load_app(reference: str) -> App:
     """Return the App named by 'package.module:attribute' (the current directory is importable)."""
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
-        raise AppLoadError(f"--app {reference!r} must look like 'package.module:attribute', e.g. examples.shop:app")
+        example = "iqgraph.examples.shop:app"
+        raise AppLoadError(f"--app {reference!r} must look like 'package.module:attribute', e.g. {example}")
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
@@ -27,5 +28,5 @@ def load_app(reference: str) -> App:
     app = getattr(module, attribute, None)
     if not isinstance(app, App):
         found = "nothing" if app is None else type(app).__name__
-        raise AppLoadError(f"{reference} is {found}, not an iqgraph App (streaming.definitions.App)")
+        raise AppLoadError(f"{reference} is {found}, not an iqgraph App (iqgraph.App)")
     return app

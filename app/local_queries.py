@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from app.merging import Request, combiner, finalize, finalize_items, key_codec, scan_merge
-from app.point_lookups import PointLookups
-from app.scatter import Position, decode_positions, merge_pages, merged_page
-from schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, Scan, StoreInfo
-from stores import (
+from iqgraph.app.merging import Request, combiner, finalize, finalize_items, key_codec, scan_merge
+from iqgraph.app.point_lookups import PointLookups
+from iqgraph.app.scatter import Position, decode_positions, merge_pages, merged_page
+from iqgraph.schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, Scan, StoreInfo
+from iqgraph.stores import (
     Key,
     Page,
     PartitionStores,
@@ -36,8 +36,8 @@ from stores import (
     UnknownStoreError,
     WindowedValue,
 )
-from streaming.definitions import App, StoreDefinition
-from streaming.partitioner import partition_for
+from iqgraph.streaming.definitions import App, StoreDefinition
+from iqgraph.streaming.partitioner import partition_for
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from app.scatter import Merge
-from schema.types import Scan
-from stores import Key, KeyCodec, StoreKind, WindowedValue
-from stores.aggregations import Aggregation, aggregation_named, merge_state
-from stores.codecs import encode_int64
-from streaming.definitions import App, StoreDefinition
+from iqgraph.app.scatter import Merge
+from iqgraph.schema.types import Scan
+from iqgraph.stores import Key, KeyCodec, StoreKind, WindowedValue
+from iqgraph.stores.aggregations import Aggregation, aggregation_named, merge_state
+from iqgraph.stores.codecs import encode_int64
+from iqgraph.streaming.definitions import App, StoreDefinition
 
 #: A point lookup: the key, and for a window store the range of window starts.
 Request = tuple[Key, int | None, int | None]

@@ -14,16 +14,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from app.cluster_queries import ClusterStoreQueries
-from app.health import PeerHealth
-from app.local_queries import LocalStoreQueries, RetryPolicy
-from app.membership import ClusterMap, Member, Membership, StaticMembership, parse_peers
-from app.peers import PeerClient
-from app.settings import Settings
-from stores import PartitionState, StateDirectory, StoreError
-from streaming.definitions import App, DefinitionError
-from streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
-from streaming.runner import RunnerSettings, StreamRunner
+from iqgraph.app.cluster_queries import ClusterStoreQueries
+from iqgraph.app.health import PeerHealth
+from iqgraph.app.local_queries import LocalStoreQueries, RetryPolicy
+from iqgraph.app.membership import ClusterMap, Member, Membership, StaticMembership, parse_peers
+from iqgraph.app.peers import PeerClient
+from iqgraph.app.settings import Settings
+from iqgraph.stores import PartitionState, StateDirectory, StoreError
+from iqgraph.streaming.definitions import App, DefinitionError
+from iqgraph.streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
+from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -114,7 +114,7 @@ class Node:
         started = time.monotonic()
         self.spark = self._spark()
         progress(f"Spark ready in {time.monotonic() - started:.1f} s; starting the streaming queries")
-        from streaming.value_types import value_types
+        from iqgraph.streaming.value_types import value_types
 
         types = value_types(self.app, self.spark)
         self.runner = StreamRunner(self.app, self.spark, state_dir, self._runner_settings())
@@ -161,7 +161,7 @@ class Node:
         settings = self.settings
         partitions = {t.name: t.partitions for t in self.app.topics}
         if settings.membership == "kafka":
-            from app.group_membership import GroupMembership
+            from iqgraph.app.group_membership import GroupMembership
 
             return GroupMembership(
                 settings.node_id,
@@ -211,7 +211,7 @@ class Node:
         return thread
 
     def _spark(self) -> SparkSession:
-        from streaming.session import build_spark_session
+        from iqgraph.streaming.session import build_spark_session
 
         return build_spark_session(
             self.settings.spark_master,

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from schema.asgi import FORWARDED_HEADER
+from iqgraph.schema.asgi import FORWARDED_HEADER
 
 LOOKUP = """query($store: String!, $requests: JSON!, $partitions: [Int!], $withLag: Boolean!) {
   _lookup(store: $store, requests: $requests, partitions: $partitions, withLag: $withLag) }"""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.merging import Request
-from stores import Key, StoreKind
+from iqgraph.app.merging import Request
+from iqgraph.stores import Key, StoreKind
 
 
 class PointLookups:

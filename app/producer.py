@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from streaming.definitions import App, DefinitionError
-from streaming.partitioner import serialize_key
+from iqgraph.streaming.definitions import App, DefinitionError
+from iqgraph.streaming.partitioner import serialize_key
 
 log = logging.getLogger(__name__)
 

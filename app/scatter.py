@@ -18,8 +18,8 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
-from stores import InvalidCursorError, Page
-from stores.scan import encode_cursor
+from iqgraph.stores import InvalidCursorError, Page
+from iqgraph.stores.scan import encode_cursor
 
 T = TypeVar("T")
 Position = str | None  # None: exhausted

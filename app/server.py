@@ -19,12 +19,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.node import Node
-from app.settings import Settings
-from schema.asgi import FORWARDED_HEADER
+from iqgraph.app.node import Node
+from iqgraph.app.settings import Settings
+from iqgraph.schema.asgi import FORWARDED_HEADER
 
 if TYPE_CHECKING:
-    from streaming.definitions import App
+    from iqgraph.streaming.definitions import App
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def _raw_lookup(node: Node) -> Any:
 
 def graphql_app(node: Node) -> Any:
     """Return the Strawberry ASGI app answering the node's store queries."""
-    from schema import GraphQLApp, Limits, build_schema
+    from iqgraph.schema import GraphQLApp, Limits, build_schema
 
     assert node.queries is not None  # noqa: S101 - started before serving
     settings = node.settings
@@ -149,10 +149,10 @@ def _note_signal(sig: int, _frame: object) -> None:
 
 def print_schema(app: App) -> int:
     """Print the SDL of app's schema (value types need a brief local Spark session)."""
-    from app.local_queries import LocalStoreQueries
-    from schema import Limits, build_schema
-    from streaming.session import build_spark_session
-    from streaming.value_types import value_types
+    from iqgraph.app.local_queries import LocalStoreQueries
+    from iqgraph.schema import Limits, build_schema
+    from iqgraph.streaming.session import build_spark_session
+    from iqgraph.streaming.value_types import value_types
 
     spark = build_spark_session("local[1]", app_name="iqgraph-schema", log_level="ERROR")
     try:

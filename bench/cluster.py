@@ -61,10 +61,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, bench/ comes first on sys.path; put the repository ahead of it.
 sys.path.insert(0, str(ROOT))
 
-from examples.shop import CUSTOMERS, generate_orders  # noqa: E402
-from schema.asgi import FORWARDED_HEADER  # noqa: E402
-from streaming.broker import EmbeddedBroker, produce  # noqa: E402
-from streaming.partitioner import partition_for  # noqa: E402
+from iqgraph.examples.shop import CUSTOMERS, generate_orders  # noqa: E402
+from iqgraph.schema.asgi import FORWARDED_HEADER  # noqa: E402
+from iqgraph.streaming.broker import EmbeddedBroker, produce  # noqa: E402
+from iqgraph.streaming.partitioner import partition_for  # noqa: E402
 from tests.app.cluster_nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
 
 PARTITIONS = 6

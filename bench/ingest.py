@@ -48,13 +48,13 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 # Run as a script, bench/ comes first on sys.path; put the repository ahead of it.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from examples.shop import build_app, generate_orders  # noqa: E402
-from stores import StateDirectory  # noqa: E402
-from streaming.broker import JAVA_PARTITIONER, ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce  # noqa: E402
-from streaming.definitions import App  # noqa: E402
-from streaming.partitioner import partition_for  # noqa: E402
-from streaming.runner import RunnerSettings, StreamRunner  # noqa: E402
-from streaming.session import build_spark_session  # noqa: E402
+from iqgraph.examples.shop import build_app, generate_orders  # noqa: E402
+from iqgraph.stores import StateDirectory  # noqa: E402
+from iqgraph.streaming.broker import JAVA_PARTITIONER, ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce  # noqa: E402
+from iqgraph.streaming.definitions import App  # noqa: E402
+from iqgraph.streaming.partitioner import partition_for  # noqa: E402
+from iqgraph.streaming.runner import RunnerSettings, StreamRunner  # noqa: E402
+from iqgraph.streaming.session import build_spark_session  # noqa: E402
 
 PARTITIONS = 6
 SEED = 11
@@ -453,7 +453,7 @@ def setup_logging(verbose: bool) -> SinkTimes:
     for handler in logging.getLogger().handlers:
         handler.setLevel(logging.INFO if verbose else logging.WARNING)
     sink_times = SinkTimes()
-    sink_log = logging.getLogger("streaming.sink")
+    sink_log = logging.getLogger("iqgraph.streaming.sink")
     sink_log.addHandler(sink_times)
     sink_log.setLevel(logging.INFO)
     return sink_times

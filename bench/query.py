@@ -54,8 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, bench/ comes first on sys.path; put the repository ahead of it.
 sys.path.insert(0, str(ROOT))
 
-from examples.shop import CUSTOMERS, generate_orders  # noqa: E402
-from streaming.broker import EmbeddedBroker, free_port, produce  # noqa: E402
+from iqgraph.examples.shop import CUSTOMERS, generate_orders  # noqa: E402
+from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce  # noqa: E402
 
 PARTITIONS = 6
 SEED = 11
@@ -92,15 +92,16 @@ class NodeProcess:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = workdir / "node.log"
         (workdir / f"{APP_MODULE}.py").write_text(
-            "from examples.shop import build_app\n"
-            "from streaming.definitions import KafkaSettings\n\n"
+            "from iqgraph.examples.shop import build_app\n"
+            "from iqgraph.streaming.definitions import KafkaSettings\n\n"
             f"app = build_app({topic!r}, {PARTITIONS}, KafkaSettings(bootstrap_servers={bootstrap!r}))\n"
         )
         self.command = [
-            sys.executable, "-m", "app.cli", "serve", "--app", f"{APP_MODULE}:app", "--bootstrap-servers", bootstrap,
+            sys.executable, "-m", "iqgraph.app.cli", "serve", "--app", f"{APP_MODULE}:app",
+            "--bootstrap-servers", bootstrap,
             "--port", str(port), "--state-dir", str(workdir / "state"), "--spark-master", master,
         ]  # fmt: skip
-        pythonpath = os.pathsep.join(filter(None, [str(workdir), str(ROOT), os.environ.get("PYTHONPATH")]))
+        pythonpath = os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))
         self.env = {**os.environ, "PYTHONPATH": pythonpath, "IQGRAPH_RAW_ENDPOINT": "true"}
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -40,7 +40,7 @@ from rocksdict import Options, Rdict, WriteBatch
 # `import stores` would import this file. Put the repository (the stores package) ahead of it.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stores import (  # noqa: E402
+from iqgraph.stores import (  # noqa: E402
     COUNT,
     KeyValueStore,
     PartitionState,

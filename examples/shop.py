@@ -10,7 +10,7 @@ import datetime as dt
 import random
 from collections.abc import Iterator
 
-from streaming.definitions import (
+from iqgraph.streaming.definitions import (
     App,
     Event,
     KafkaSettings,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from examples.shop import _iso
-from streaming.definitions import App, Event, Topic, bloom_store, count, key_value_store, tumbling, window_store
+from iqgraph.examples.shop import _iso
+from iqgraph.streaming.definitions import App, Event, Topic, bloom_store, count, key_value_store, tumbling, window_store
 
 ACCESS_SCHEMA = "host STRING, method STRING, path STRING, status INT, bytes LONG, ts TIMESTAMP"
 PATHS = ["/", "/login", "/cart", "/search", "/product/1", "/product/2", "/api/v1/items", "/static/app.js"]

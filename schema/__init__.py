@@ -5,13 +5,13 @@ each request's context (the node's StoreQueries and fresh DataLoaders); ``GraphQ
 ASGI. Naming conventions: see ``schema.builder``; errors and their codes: see ``schema.errors``.
 """
 
-from schema.asgi import GraphQLApp
-from schema.builder import IqGraphSchema, SchemaDefinitionError, build_schema
-from schema.context import Context, ContextGetter, context_getter
-from schema.errors import ApiError
-from schema.limits import Limits
-from schema.scalars import DateTime, Long
-from schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, StoreInfo, StoreQueries
+from iqgraph.schema.asgi import GraphQLApp
+from iqgraph.schema.builder import IqGraphSchema, SchemaDefinitionError, build_schema
+from iqgraph.schema.context import Context, ContextGetter, context_getter
+from iqgraph.schema.errors import ApiError
+from iqgraph.schema.limits import Limits
+from iqgraph.schema.scalars import DateTime, Long
+from iqgraph.schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, StoreInfo, StoreQueries
 
 __all__ = [
     "ApiError",

@@ -15,15 +15,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from strawberry.asgi import GraphQL
 
-from schema.context import Context
-from schema.errors import BAD_REQUEST
-from schema.limits import Limits
+from iqgraph.schema.context import Context
+from iqgraph.schema.errors import BAD_REQUEST
+from iqgraph.schema.limits import Limits
 
 if TYPE_CHECKING:
     import strawberry
     from starlette.types import Receive, Scope, Send
 
-    from schema.types import PeerQueries, StoreQueries
+    from iqgraph.schema.types import PeerQueries, StoreQueries
 
 
 #: The header that marks a peer's forwarded sub-request: it is answered from local partitions only.

@@ -10,10 +10,10 @@ from typing import Any
 
 import strawberry
 
-from schema.dynamic import Arg, list_of, object_type, resolved_field, resolver_with
-from schema.errors import store_errors
-from schema.resolving import StorePlan, context, load_each, load_one
-from schema.scalars import Long
+from iqgraph.schema.dynamic import Arg, list_of, object_type, resolved_field, resolver_with
+from iqgraph.schema.errors import store_errors
+from iqgraph.schema.resolving import StorePlan, context, load_each, load_one
+from iqgraph.schema.scalars import Long
 
 
 def _as_bool(value: Any) -> bool:

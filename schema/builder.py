@@ -41,21 +41,21 @@ from strawberry.extensions import AddValidationRules, ParserCache, SchemaExtensi
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext, ExecutionResult
 
-from schema.bloom_fields import bloom_type
-from schema.dynamic import Field, object_type, resolved_field, resolver_with
-from schema.errors import ErrorCodes, log_errors, with_codes
-from schema.internal import internal_fields
-from schema.keys import key_kind
-from schema.kv_fields import key_value_type
-from schema.limits import Limits
-from schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fields
-from schema.naming import TypeNames, camel_case, pascal_case
-from schema.reports import ClusterReports
-from schema.resolving import StorePlan
-from schema.scalars import SCALARS
-from schema.types import StoreInfo
-from schema.value_types import ValueTypes
-from schema.window_fields import window_type
+from iqgraph.schema.bloom_fields import bloom_type
+from iqgraph.schema.dynamic import Field, object_type, resolved_field, resolver_with
+from iqgraph.schema.errors import ErrorCodes, log_errors, with_codes
+from iqgraph.schema.internal import internal_fields
+from iqgraph.schema.keys import key_kind
+from iqgraph.schema.kv_fields import key_value_type
+from iqgraph.schema.limits import Limits
+from iqgraph.schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fields
+from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
+from iqgraph.schema.reports import ClusterReports
+from iqgraph.schema.resolving import StorePlan
+from iqgraph.schema.scalars import SCALARS
+from iqgraph.schema.types import StoreInfo
+from iqgraph.schema.value_types import ValueTypes
+from iqgraph.schema.window_fields import window_type
 
 DEFAULT_CACHE_SIZE = 1024
 RESERVED_TYPES = {

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from schema.limits import Limits
-from schema.loaders import Loaders
+from iqgraph.schema.limits import Limits
+from iqgraph.schema.loaders import Loaders
 
 if TYPE_CHECKING:
-    from schema.types import PeerQueries, StoreQueries
+    from iqgraph.schema.types import PeerQueries, StoreQueries
 
 
 @dataclass

@@ -32,8 +32,8 @@ from typing import Any
 from graphql import GraphQLError, GraphQLSyntaxError
 from strawberry.extensions import MaskErrors
 
-from schema.scalars import InvalidScalarValue
-from stores import (
+from iqgraph.schema.scalars import InvalidScalarValue
+from iqgraph.stores import (
     InvalidCursorError,
     InvalidKeyError,
     StoreError,

@@ -16,12 +16,12 @@ from typing import Any
 import strawberry
 from strawberry.scalars import JSON
 
-from schema.dynamic import Arg, Field, resolved_field, resolver_with
-from schema.errors import INTERNAL, ApiError, api_error, store_errors
-from schema.resolving import context
-from schema.scalars import Long
-from schema.types import PeerQueries, Scan
-from stores import WindowedValue
+from iqgraph.schema.dynamic import Arg, Field, resolved_field, resolver_with
+from iqgraph.schema.errors import INTERNAL, ApiError, api_error, store_errors
+from iqgraph.schema.resolving import context
+from iqgraph.schema.scalars import Long
+from iqgraph.schema.types import PeerQueries, Scan
+from iqgraph.stores import WindowedValue
 
 log = logging.getLogger(__name__)
 INTERNAL_FIELDS = ("_lookup", "_scan", "_count")

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from schema.scalars import Long
-from stores import InvalidKeyError, Key
+from iqgraph.schema.scalars import Long
+from iqgraph.stores import InvalidKeyError, Key
 
 
 def _is_int(value: Any) -> bool:

@@ -11,11 +11,11 @@ from typing import Any
 
 import strawberry
 
-from schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
-from schema.errors import store_errors
-from schema.pagination import ConnectionType, Order, read_slice
-from schema.resolving import StorePlan, context, load_each, load_one, queries
-from schema.scalars import Long
+from iqgraph.schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
+from iqgraph.schema.errors import store_errors
+from iqgraph.schema.pagination import ConnectionType, Order, read_slice
+from iqgraph.schema.resolving import StorePlan, context, load_each, load_one, queries
+from iqgraph.schema.scalars import Long
 
 _FIRST = "How many entries at most (the page size)."
 _AFTER = "Resume after this cursor (an edge's cursor or pageInfo.endCursor)."

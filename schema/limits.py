@@ -14,7 +14,7 @@ from typing import Any
 from graphql import FragmentDefinitionNode, OperationDefinitionNode, ValidationContext, ValidationRule
 from strawberry.extensions.max_aliases import count_fields_with_alias
 
-from schema.errors import ApiError, invalid_argument, limit_exceeded
+from iqgraph.schema.errors import ApiError, invalid_argument, limit_exceeded
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiodataloader import DataLoader
 
-from schema.errors import api_error
-from stores import Key, StoreError
+from iqgraph.schema.errors import api_error
+from iqgraph.stores import Key, StoreError
 
 if TYPE_CHECKING:
-    from schema.types import StoreQueries
+    from iqgraph.schema.types import StoreQueries
 
 #: (key, time_from, time_to) of a window fetch, in epoch milliseconds.
 WindowRequest = tuple[Key, int, int]

@@ -16,12 +16,12 @@ from typing import Any
 
 import strawberry
 
-from schema.dynamic import Arg, Field, resolved_field, resolver_with
-from schema.errors import UNKNOWN_STORE, ApiError, store_errors
-from schema.resolving import StorePlan, context
-from schema.scalars import Long
-from schema.types import KeyQueryMetadata as KeyQueryInfo
-from schema.types import NodeInfo, PartitionInfo, StoreInfo
+from iqgraph.schema.dynamic import Arg, Field, resolved_field, resolver_with
+from iqgraph.schema.errors import UNKNOWN_STORE, ApiError, store_errors
+from iqgraph.schema.resolving import StorePlan, context
+from iqgraph.schema.scalars import Long
+from iqgraph.schema.types import KeyQueryMetadata as KeyQueryInfo
+from iqgraph.schema.types import NodeInfo, PartitionInfo, StoreInfo
 
 
 @strawberry.enum(description="The kind of a state store.")

@@ -20,8 +20,8 @@ from typing import Any, Generic, TypeVar
 import orjson
 import strawberry
 
-from schema.dynamic import data_field, list_of, object_type
-from stores import InvalidCursorError, Page
+from iqgraph.schema.dynamic import data_field, list_of, object_type
+from iqgraph.stores import InvalidCursorError, Page
 
 T = TypeVar("T")
 _TAG = b"iq1:"

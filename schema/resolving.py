@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aiodataloader import DataLoader
 
-from schema.errors import api_error, store_errors
-from schema.keys import KeyKind
-from schema.limits import Limits
-from schema.value_types import ValueType
-from stores import StoreError
+from iqgraph.schema.errors import api_error, store_errors
+from iqgraph.schema.keys import KeyKind
+from iqgraph.schema.limits import Limits
+from iqgraph.schema.value_types import ValueType
+from iqgraph.stores import StoreError
 
 if TYPE_CHECKING:
     import strawberry
 
-    from schema.context import Context
-    from schema.types import StoreInfo, StoreQueries
+    from iqgraph.schema.context import Context
+    from iqgraph.schema.types import StoreInfo, StoreQueries
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType
 
-    from stores import Key, Page, WindowedValue
+    from iqgraph.stores import Key, Page, WindowedValue
 
 #: One result per requested key: the value (None if absent), or the exception that key failed with.
 Result = Any

@@ -60,10 +60,10 @@ from pyspark.sql.types import (
 )
 from strawberry.scalars import JSON
 
-from schema.dynamic import Field, data_field, field_names, list_of, object_type, optional
-from schema.naming import TypeNames, camel_case, pascal_case, unique
-from schema.scalars import DateTime, Long, from_epoch_ms, parse_iso, to_utc
-from stores import ValueFormatError
+from iqgraph.schema.dynamic import Field, data_field, field_names, list_of, object_type, optional
+from iqgraph.schema.naming import TypeNames, camel_case, pascal_case, unique
+from iqgraph.schema.scalars import DateTime, Long, from_epoch_ms, parse_iso, to_utc
+from iqgraph.stores import ValueFormatError
 
 Convert = Callable[[Any], Any]
 _EPOCH_DAY = dt.date(1970, 1, 1)

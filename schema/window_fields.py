@@ -14,12 +14,12 @@ from typing import Any
 
 import strawberry
 
-from schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
-from schema.errors import store_errors
-from schema.pagination import ConnectionType, Order, read_slice
-from schema.resolving import StorePlan, context, load_one, queries
-from schema.scalars import INT64_MAX, INT64_MIN, DateTime, from_epoch_ms, to_epoch_ms
-from stores import WindowedValue
+from iqgraph.schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
+from iqgraph.schema.errors import store_errors
+from iqgraph.schema.pagination import ConnectionType, Order, read_slice
+from iqgraph.schema.resolving import StorePlan, context, load_one, queries
+from iqgraph.schema.scalars import INT64_MAX, INT64_MIN, DateTime, from_epoch_ms, to_epoch_ms
+from iqgraph.stores import WindowedValue
 
 _FIRST = "How many windows at most (the page size)."
 _AFTER = "Resume after this cursor (an edge's cursor or pageInfo.endCursor)."

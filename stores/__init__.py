@@ -4,10 +4,10 @@ Layers, from the bottom: StateDirectory → PartitionDB (one RocksDB per topic-p
 PartitionTransaction (one atomic batch) → store views (KeyValueStore, WindowStore, BloomStore).
 """
 
-from stores.aggregations import AGGREGATIONS, AVG, COUNT, LATEST, MAX, MIN, SUM, Aggregation, aggregation_named
-from stores.bloom import BloomStore
-from stores.codecs import Key, KeyCodec, KeyType, decode_value, encode_value
-from stores.exceptions import (
+from iqgraph.stores.aggregations import AGGREGATIONS, AVG, COUNT, LATEST, MAX, MIN, SUM, Aggregation, aggregation_named
+from iqgraph.stores.bloom import BloomStore
+from iqgraph.stores.codecs import Key, KeyCodec, KeyType, decode_value, encode_value
+from iqgraph.stores.exceptions import (
     CorruptValueError,
     InvalidCursorError,
     InvalidKeyError,
@@ -22,12 +22,12 @@ from stores.exceptions import (
     UnknownStoreError,
     ValueFormatError,
 )
-from stores.kv import KeyValueStore
-from stores.partition import PartitionDB, PartitionState, PartitionTransaction
-from stores.scan import Page
-from stores.spec import BloomSpec, StoreKind, StoreSpec, WindowSpec
-from stores.state_dir import PartitionStores, StateDirectory, StoreView
-from stores.window import WindowedValue, WindowStore
+from iqgraph.stores.kv import KeyValueStore
+from iqgraph.stores.partition import PartitionDB, PartitionState, PartitionTransaction
+from iqgraph.stores.scan import Page
+from iqgraph.stores.spec import BloomSpec, StoreKind, StoreSpec, WindowSpec
+from iqgraph.stores.state_dir import PartitionStores, StateDirectory, StoreView
+from iqgraph.stores.window import WindowedValue, WindowStore
 
 __all__ = [
     "AGGREGATIONS",

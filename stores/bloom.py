@@ -15,10 +15,10 @@ from collections.abc import Iterable, Sequence
 
 from pybloom_live import ScalableBloomFilter
 
-from stores.codecs import Key, KeyCodec
-from stores.exceptions import CorruptValueError
-from stores.partition import PartitionDB, PartitionTransaction
-from stores.spec import BloomSpec, StoreKind
+from iqgraph.stores.codecs import Key, KeyCodec
+from iqgraph.stores.exceptions import CorruptValueError
+from iqgraph.stores.partition import PartitionDB, PartitionTransaction
+from iqgraph.stores.spec import BloomSpec, StoreKind
 
 SNAPSHOT_KEY = b"snapshot"
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import orjson
 
-from stores.exceptions import CorruptValueError, InvalidKeyError, UnknownFormatError
+from iqgraph.stores.exceptions import CorruptValueError, InvalidKeyError, UnknownFormatError
 
 Key = str | int
 KeyType = Literal["string", "int"]

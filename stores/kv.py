@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from stores.aggregations import Aggregation, merge_state
-from stores.codecs import Key, KeyCodec, decode_value, encode_value
-from stores.partition import PartitionDB, PartitionTransaction
-from stores.scan import Page, inclusive_stop, paginate, prefix_stop
-from stores.spec import StoreKind
+from iqgraph.stores.aggregations import Aggregation, merge_state
+from iqgraph.stores.codecs import Key, KeyCodec, decode_value, encode_value
+from iqgraph.stores.partition import PartitionDB, PartitionTransaction
+from iqgraph.stores.scan import Page, inclusive_stop, paginate, prefix_stop
+from iqgraph.stores.spec import StoreKind
 
 DEFAULT_PAGE = 100
 

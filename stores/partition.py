@@ -17,8 +17,8 @@ from types import TracebackType
 
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch
 
-from stores.codecs import decode_int64, encode_int64
-from stores.exceptions import (
+from iqgraph.stores.codecs import decode_int64, encode_int64
+from iqgraph.stores.exceptions import (
     OffsetError,
     OffsetGapError,
     StateDirError,
@@ -26,7 +26,7 @@ from stores.exceptions import (
     StoreNotReadyError,
     UnknownStoreError,
 )
-from stores.spec import StoreSpec
+from iqgraph.stores.spec import StoreSpec
 
 log = logging.getLogger(__name__)
 

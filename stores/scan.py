@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 
 from rocksdict import Rdict
 
-from stores.exceptions import InvalidCursorError
+from iqgraph.stores.exceptions import InvalidCursorError
 
 T = TypeVar("T")
 _CURSOR_TAG = b"c1:"

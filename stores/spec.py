@@ -6,8 +6,8 @@ import enum
 import re
 from dataclasses import dataclass, field
 
-from stores.aggregations import LATEST, Aggregation
-from stores.codecs import KeyType
+from iqgraph.stores.aggregations import LATEST, Aggregation
+from iqgraph.stores.codecs import KeyType
 
 DEFAULT_RETENTION_MS = 24 * 3600 * 1000
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")

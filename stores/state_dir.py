@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from stores.bloom import BloomStore
-from stores.exceptions import StateDirError, StateDirLockedError
-from stores.kv import KeyValueStore
-from stores.partition import PartitionDB
-from stores.spec import StoreKind, StoreSpec
-from stores.window import WindowStore
+from iqgraph.stores.bloom import BloomStore
+from iqgraph.stores.exceptions import StateDirError, StateDirLockedError
+from iqgraph.stores.kv import KeyValueStore
+from iqgraph.stores.partition import PartitionDB
+from iqgraph.stores.spec import StoreKind, StoreSpec
+from iqgraph.stores.window import WindowStore
 
 MARKER = ".iqgraph-state"
 MARKER_FORMAT = 1

@@ -12,11 +12,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stores.aggregations import Aggregation, merge_state
-from stores.codecs import Key, KeyCodec, decode_int64, decode_value, encode_int64, encode_value
-from stores.partition import META_CF, PartitionDB, PartitionTransaction
-from stores.scan import Page, inclusive_stop, paginate, scan
-from stores.spec import StoreKind, WindowSpec
+from iqgraph.stores.aggregations import Aggregation, merge_state
+from iqgraph.stores.codecs import Key, KeyCodec, decode_int64, decode_value, encode_int64, encode_value
+from iqgraph.stores.partition import META_CF, PartitionDB, PartitionTransaction
+from iqgraph.stores.scan import Page, inclusive_stop, paginate, scan
+from iqgraph.stores.spec import StoreKind, WindowSpec
 
 DEFAULT_PAGE = 100
 NO_TIME = -(1 << 63)

@@ -1,11 +1,11 @@
 """Streaming: store definitions, the Kafka source for Spark, the foreachBatch sink, the query runner.
 
-What a user writes comes from here (``from streaming import App, Topic, key_value_store, count, …``);
+What a user writes is defined here and re-exported by ``iqgraph`` (``from iqgraph import App, Topic, count, …``);
 the Spark-side modules (``kafka_source``, ``sink``, ``runner``) are imported where they are used, so
 that defining an app does not start a JVM.
 """
 
-from streaming.definitions import (
+from iqgraph.streaming.definitions import (
     Aggregate,
     App,
     DefinitionError,
@@ -24,7 +24,7 @@ from streaming.definitions import (
     tumbling,
     window_store,
 )
-from streaming.partitioner import partition_for
+from iqgraph.streaming.partitioner import partition_for
 
 __all__ = [
     "Aggregate",

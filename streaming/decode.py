@@ -14,7 +14,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, NumericType, StringType, StructField, StructType, TimestampType
 
-from streaming.definitions import DefinitionError, Topic
+from iqgraph.streaming.definitions import DefinitionError, Topic
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from stores import BloomSpec, StoreKind, StoreSpec, WindowSpec, aggregation_named
+from iqgraph.stores import BloomSpec, StoreKind, StoreSpec, WindowSpec, aggregation_named
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

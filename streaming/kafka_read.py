@@ -17,7 +17,7 @@ import pyarrow as pa
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, Message, TopicPartition
 from pyspark.sql.datasource import InputPartition
 
-from streaming.kafka_offsets import KafkaSourceError
+from iqgraph.streaming.kafka_offsets import KafkaSourceError
 
 __all__ = ["ARROW_SCHEMA", "KafkaInputPartition", "read_partition"]
 

@@ -51,7 +51,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from streaming.kafka_offsets import (
+from iqgraph.streaming.kafka_offsets import (
     KafkaOffsets,
     KafkaSourceError,
     OffsetMap,
@@ -59,7 +59,7 @@ from streaming.kafka_offsets import (
     decode_offsets,
     encode_offsets,
 )
-from streaming.kafka_read import ARROW_SCHEMA, KafkaInputPartition, read_partition
+from iqgraph.streaming.kafka_read import ARROW_SCHEMA, KafkaInputPartition, read_partition
 
 __all__ = [
     "ARROW_SCHEMA",

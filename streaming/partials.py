@@ -16,10 +16,10 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType, NumericType
 
-from stores import StoreKind
-from streaming.arrow_partials import PARTIALS_SCHEMA, StorePlan, partials_of
-from streaming.decode import META_COLUMNS
-from streaming.definitions import DefinitionError, StoreDefinition
+from iqgraph.stores import StoreKind
+from iqgraph.streaming.arrow_partials import PARTIALS_SCHEMA, StorePlan, partials_of
+from iqgraph.streaming.decode import META_COLUMNS
+from iqgraph.streaming.definitions import DefinitionError, StoreDefinition
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

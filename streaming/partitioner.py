@@ -11,7 +11,7 @@ import functools
 import zlib
 from collections.abc import Callable
 
-from streaming.definitions import KeyFormat, Partitioner
+from iqgraph.streaming.definitions import KeyFormat, Partitioner
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stores import PartitionState, PartitionStores, StateDirectory
-from streaming.dead_letter import DeadLetterQueue
-from streaming.definitions import App
-from streaming.kafka_offsets import KafkaOffsets
-from streaming.kafka_source import KafkaDataSource
-from streaming.sink import StoreSink, mark_running_when_caught_up
+from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
+from iqgraph.streaming.dead_letter import DeadLetterQueue
+from iqgraph.streaming.definitions import App
+from iqgraph.streaming.kafka_offsets import KafkaOffsets
+from iqgraph.streaming.kafka_source import KafkaDataSource
+from iqgraph.streaming.sink import StoreSink, mark_running_when_caught_up
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

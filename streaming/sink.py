@@ -24,12 +24,12 @@ import orjson
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from stores import PartitionState, PartitionStores, PartitionTransaction, StoreKind
-from streaming.dead_letter import DeadLetterQueue
-from streaming.decode import decode, value_schema
-from streaming.definitions import App, StoreDefinition, Topic
-from streaming.partials import partials_frame
-from streaming.partitioner import PARTITIONERS, serialize_key
+from iqgraph.stores import PartitionState, PartitionStores, PartitionTransaction, StoreKind
+from iqgraph.streaming.dead_letter import DeadLetterQueue
+from iqgraph.streaming.decode import decode, value_schema
+from iqgraph.streaming.definitions import App, StoreDefinition, Topic
+from iqgraph.streaming.partials import partials_frame
+from iqgraph.streaming.partitioner import PARTITIONERS, serialize_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -18,11 +18,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from stores import StoreKind
-from streaming.decode import decode, value_schema
-from streaming.definitions import App, DefinitionError, StoreDefinition
-from streaming.kafka_source import SCHEMA
-from streaming.partials import store_frame
+from iqgraph.stores import StoreKind
+from iqgraph.streaming.decode import decode, value_schema
+from iqgraph.streaming.definitions import App, DefinitionError, StoreDefinition
+from iqgraph.streaming.kafka_source import SCHEMA
+from iqgraph.streaming.partials import store_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

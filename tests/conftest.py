@@ -11,7 +11,7 @@ import pytest
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from streaming.broker import EmbeddedBroker
+    from iqgraph.streaming.broker import EmbeddedBroker
 
 #: make_topic(partitions=1, config=None, prefix="t") -> the name of a new topic on the session's broker.
 MakeTopic = Callable[..., str]
@@ -20,7 +20,7 @@ MakeTopic = Callable[..., str]
 @pytest.fixture(scope="session")
 def broker() -> Iterator[EmbeddedBroker]:
     """Run one Tansu broker for the whole test session."""
-    from streaming.broker import EmbeddedBroker
+    from iqgraph.streaming.broker import EmbeddedBroker
 
     with EmbeddedBroker() as running:
         yield running
@@ -29,7 +29,7 @@ def broker() -> Iterator[EmbeddedBroker]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """Start one local[2] SparkSession for the whole test session (a JVM costs ~1 GB and ~8 s)."""
-    from streaming.session import build_spark_session
+    from iqgraph.streaming.session import build_spark_session
 
     session = build_spark_session("local[2]", shuffle_partitions=2)
     yield session

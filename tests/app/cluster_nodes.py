@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from streaming.broker import free_port
+from iqgraph.streaming.broker import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,8 +49,8 @@ def write_app_module(home: Path, name: str, topic: str, partitions: int, bootstr
     """Write a module `name` in home whose `app` is the shop example on topic."""
     (home / f"{name}.py").write_text(
         textwrap.dedent(f"""
-        from examples.shop import build_app
-        from streaming.definitions import KafkaSettings
+        from iqgraph.examples.shop import build_app
+        from iqgraph.streaming.definitions import KafkaSettings
         app = build_app({topic!r}, {partitions}, KafkaSettings(bootstrap_servers={bootstrap!r}))
     """)
     )
@@ -60,12 +60,12 @@ def start_node(home: Path, module: str, node_id: str, port: int, flags: Sequence
     """Start one `iqgraph serve` node of app module:app on port, its state and log in home."""
     log = home / f"{node_id}.log"
     command = [
-        sys.executable, "-m", "app.cli", "serve", "--app", f"{module}:app", "--port", str(port),
+        sys.executable, "-m", "iqgraph.app.cli", "serve", "--app", f"{module}:app", "--port", str(port),
         "--node-id", node_id, "--state-dir", str(home / f"state-{node_id}"),
         "--spark-master", "local[1]", "--driver-memory", "768m", *flags,
     ]  # fmt: skip
     process = subprocess.Popen(
-        command, cwd=home, env={**os.environ, "PYTHONPATH": f"{ROOT}:{home}"}, stdout=log.open("w"),
+        command, cwd=home, env={**os.environ, "PYTHONPATH": str(home)}, stdout=log.open("w"),
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     return NodeProcess(node_id, f"http://127.0.0.1:{port}", process, log)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from streaming.broker import EmbeddedBroker
+from iqgraph.streaming.broker import EmbeddedBroker
 from tests.conftest import MakeTopic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,12 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def iqgraph(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "iqgraph.app.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -38,24 +38,25 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
 
 def test_a_bad_app_path_is_one_clear_line(tmp_path: Path) -> None:
     assert_one_line_error(iqgraph("serve", "--app", "nowhere.module:app"), "cannot import module 'nowhere.module'")
-    assert_one_line_error(iqgraph("serve", "--app", "examples.shop"), "package.module:attribute")
-    assert_one_line_error(iqgraph("serve", "--app", "examples.shop:ITEMS"), "not an iqgraph App")
+    assert_one_line_error(iqgraph("serve", "--app", "iqgraph.examples.shop"), "package.module:attribute")
+    assert_one_line_error(iqgraph("serve", "--app", "iqgraph.examples.shop:ITEMS"), "not an iqgraph App")
     assert_one_line_error(iqgraph("serve"), "--app")
 
 
 def test_bad_settings_say_what_to_fix(tmp_path: Path) -> None:
-    assert_one_line_error(iqgraph("serve", "--app", "examples.shop:app", "--port", "70000"), "port 70000")
+    assert_one_line_error(iqgraph("serve", "--app", "iqgraph.examples.shop:app", "--port", "70000"), "port 70000")
     config = tmp_path / "node.toml"
     config.write_text("[iqgraph]\nport = 'eight'\n")
-    assert_one_line_error(iqgraph("serve", "--app", "examples.shop:app", "--config", str(config)), "port")
-    assert_one_line_error(iqgraph("serve", "--app", "examples.shop:app", env={"IQGRAPH_MAX_KEYS": "-3"}), "max_keys")
+    assert_one_line_error(iqgraph("serve", "--app", "iqgraph.examples.shop:app", "--config", str(config)), "port")
+    env = {"IQGRAPH_MAX_KEYS": "-3"}
+    assert_one_line_error(iqgraph("serve", "--app", "iqgraph.examples.shop:app", env=env), "max_keys")
 
 
 def test_an_unreachable_broker_is_one_clear_line(tmp_path: Path) -> None:
     result = iqgraph(
         "serve",
         "--app",
-        "examples.shop:app",
+        "iqgraph.examples.shop:app",
         "--bootstrap-servers",
         "127.0.0.1:9",
         "--state-dir",
@@ -66,7 +67,7 @@ def test_an_unreachable_broker_is_one_clear_line(tmp_path: Path) -> None:
 
 def test_a_state_dir_that_is_not_ours_is_one_clear_line(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("do not touch")
-    result = iqgraph("serve", "--app", "examples.shop:app", "--state-dir", str(tmp_path))
+    result = iqgraph("serve", "--app", "iqgraph.examples.shop:app", "--state-dir", str(tmp_path))
     assert_one_line_error(result, "not an iqgraph state directory")
 
 
@@ -75,8 +76,8 @@ def test_a_locked_state_dir_is_one_clear_line(broker: EmbeddedBroker, make_topic
     module = tmp_path / "lockapp.py"
     module.write_text(
         textwrap.dedent(f"""
-        from examples.shop import build_app
-        from streaming.definitions import KafkaSettings
+        from iqgraph.examples.shop import build_app
+        from iqgraph.streaming.definitions import KafkaSettings
         app = build_app({topic!r}, 2, KafkaSettings(bootstrap_servers={broker.bootstrap_servers!r}))
     """)
     )
@@ -86,7 +87,7 @@ def test_a_locked_state_dir_is_one_clear_line(broker: EmbeddedBroker, make_topic
             "-c",
             textwrap.dedent(f"""
             import sys, time
-            from stores import StateDirectory
+            from iqgraph.stores import StateDirectory
             from lockapp import app
             held = StateDirectory({str(tmp_path / "state")!r}, 'shop').open({topic!r}, 1, app.specs({topic!r}))
             print('holding', flush=True)
@@ -94,7 +95,7 @@ def test_a_locked_state_dir_is_one_clear_line(broker: EmbeddedBroker, make_topic
         """),
         ],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"},
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -107,7 +108,7 @@ def test_a_locked_state_dir_is_one_clear_line(broker: EmbeddedBroker, make_topic
             "--state-dir",
             str(tmp_path / "state"),
             cwd=tmp_path,
-            env={"PYTHONPATH": f"{ROOT}:{tmp_path}"},
+            env={"PYTHONPATH": str(tmp_path)},
         )
         assert_one_line_error(result, "in use by another process")
     finally:
@@ -117,7 +118,8 @@ def test_a_locked_state_dir_is_one_clear_line(broker: EmbeddedBroker, make_topic
 
 def test_produce_sends_count_generated_events(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path) -> None:
     topic = make_topic(3, prefix="orders")
-    (tmp_path / "prodapp.py").write_text(f"from examples.shop import build_app\napp = build_app({topic!r}, 3)\n")
+    module = f"from iqgraph.examples.shop import build_app\napp = build_app({topic!r}, 3)\n"
+    (tmp_path / "prodapp.py").write_text(module)
     result = iqgraph(
         "produce",
         "--app",
@@ -130,7 +132,7 @@ def test_produce_sends_count_generated_events(broker: EmbeddedBroker, make_topic
         "--bootstrap-servers",
         broker.bootstrap_servers,
         cwd=tmp_path,
-        env={"PYTHONPATH": f"{ROOT}:{tmp_path}"},
+        env={"PYTHONPATH": str(tmp_path)},
     )
     assert result.returncode == 0, result.stderr
     assert f"produced 250 events into {topic}" in result.stdout

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from examples.shop import build_app
-from streaming.broker import EmbeddedBroker
-from streaming.partitioner import partition_for
+from iqgraph.examples.shop import build_app
+from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.streaming.partitioner import partition_for
 from tests.app.cluster_nodes import NodeProcess, start_nodes, wait_ready, write_app_module
 from tests.conftest import MakeTopic
 from tests.streaming.ground_truth import Expected, expected

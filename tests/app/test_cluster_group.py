@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from examples.shop import build_app
-from streaming.broker import EmbeddedBroker, free_port
+from iqgraph.examples.shop import build_app
+from iqgraph.streaming.broker import EmbeddedBroker, free_port
 from tests.app.cluster_nodes import NodeProcess, start_node, wait_ready, write_app_module
 from tests.conftest import MakeTopic
 from tests.streaming.ground_truth import expected

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from examples.shop import build_app
-from streaming.broker import EmbeddedBroker, free_port
+from iqgraph.examples.shop import build_app
+from iqgraph.streaming.broker import EmbeddedBroker, free_port
 from tests.conftest import MakeTopic
 from tests.streaming.ground_truth import Expected, expected
 from tests.streaming.test_pipeline import START_MS, send
@@ -73,8 +73,8 @@ def served(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pyte
     home = tmp_path_factory.mktemp("served")
     (home / "httpapp.py").write_text(
         textwrap.dedent(f"""
-        from examples.shop import build_app
-        from streaming.definitions import KafkaSettings
+        from iqgraph.examples.shop import build_app
+        from iqgraph.streaming.definitions import KafkaSettings
         app = build_app({topic!r}, {PARTITIONS}, KafkaSettings(bootstrap_servers={broker.bootstrap_servers!r}))
     """)
     )
@@ -84,7 +84,7 @@ def served(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pyte
         [
             sys.executable,
             "-m",
-            "app.cli",
+            "iqgraph.app.cli",
             "serve",
             "--app",
             "httpapp:app",
@@ -100,7 +100,7 @@ def served(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pyte
             "200",
         ],
         cwd=home,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}:{home}"},
+        env={**os.environ, "PYTHONPATH": str(home)},
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         text=True,

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StructType
 
-from app.local_queries import LocalStoreQueries, RetryPolicy
-from examples.shop import build_app
-from stores import (
+from iqgraph.app.local_queries import LocalStoreQueries, RetryPolicy
+from iqgraph.examples.shop import build_app
+from iqgraph.stores import (
     InvalidCursorError,
     InvalidKeyError,
     PartitionState,
@@ -21,8 +21,8 @@ from stores import (
     StoreMigratedError,
     StoreNotReadyError,
 )
-from streaming.definitions import App, Topic, count, key_value_store
-from streaming.partitioner import partition_for
+from iqgraph.streaming.definitions import App, Topic, count, key_value_store
+from iqgraph.streaming.partitioner import partition_for
 
 TOPIC, PARTITIONS = "orders", 6
 TYPES: dict[str, Any] = {

@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from app.peers import PeerClient, PeerError, PeerUnavailableError
-from schema.asgi import FORWARDED_HEADER
-from streaming.broker import free_port
+from iqgraph.app.peers import PeerClient, PeerError, PeerUnavailableError
+from iqgraph.schema.asgi import FORWARDED_HEADER
+from iqgraph.streaming.broker import free_port
 
 SEEN: list[dict[str, Any]] = []
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from graphql import GraphQLSchema, build_schema, parse, validate
 
-from app.demo import EXAMPLE_QUERIES
+from iqgraph.app.demo import EXAMPLE_QUERIES
 from tests.app.test_cli import iqgraph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def shop_sdl() -> str:
-    result = iqgraph("schema", "--app", "examples.shop:app")
+    result = iqgraph("schema", "--app", "iqgraph.examples.shop:app")
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -49,7 +49,7 @@ def test_readme_and_demo_queries_validate_against_the_printed_sdl(shop_sdl: str)
 
 
 def test_the_sdl_of_two_apps_differ() -> None:
-    weblog = iqgraph("schema", "--app", "examples.weblog:app")
+    weblog = iqgraph("schema", "--app", "iqgraph.examples.weblog:app")
     assert weblog.returncode == 0, weblog.stderr
     schema = build_schema(weblog.stdout)
     assert "accessCount" in schema.query_type.fields and "orderCount" not in schema.query_type.fields

@@ -31,11 +31,20 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from examples import weblog
-from examples.shop import build_app
-from stores import PartitionState, PartitionStores
-from streaming.definitions import App, Topic, bloom_store, count, key_value_store, latest, tumbling, window_store
-from streaming.partitioner import partition_for
+from iqgraph.examples import weblog
+from iqgraph.examples.shop import build_app
+from iqgraph.stores import PartitionState, PartitionStores
+from iqgraph.streaming.definitions import (
+    App,
+    Topic,
+    bloom_store,
+    count,
+    key_value_store,
+    latest,
+    tumbling,
+    window_store,
+)
+from iqgraph.streaming.partitioner import partition_for
 
 SHOP_TOPIC, PARTITIONS = "orders", 3
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -16,10 +16,10 @@ import strawberry
 from pyspark.sql.types import DataType
 from strawberry.types import ExecutionResult
 
-from app.local_queries import LocalStoreQueries, RetryPolicy
-from schema import Limits, build_schema, context_getter
-from stores import Key, PartitionState, PartitionStores, StateDirectory
-from streaming.definitions import App
+from iqgraph.app.local_queries import LocalStoreQueries, RetryPolicy
+from iqgraph.schema import Limits, build_schema, context_getter
+from iqgraph.stores import Key, PartitionState, PartitionStores, StateDirectory
+from iqgraph.streaming.definitions import App
 from tests.schema.apps import (
     LAB_TOPIC,
     LAB_TYPES,

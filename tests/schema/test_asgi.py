@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from schema import GraphQLApp, Limits
+from iqgraph.schema import GraphQLApp, Limits
 from tests.schema.conftest import Api
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from schema import Limits
-from stores import Key, PartitionState
+from iqgraph.schema import Limits
+from iqgraph.stores import Key, PartitionState
 from tests.schema.apps import LAB_TOPIC, SHOP_TOPIC, ShopTruth, shop_partition
 from tests.schema.conftest import Api, Hosted, MakeApi, RecordingQueries
 
@@ -128,7 +128,7 @@ async def test_unexpected_errors_are_masked_for_clients_and_logged(
     make_shop: MakeApi, caplog: pytest.LogCaptureFixture
 ) -> None:
     api = make_shop(cls=Failing)
-    with caplog.at_level(logging.ERROR, logger="schema.errors"):
+    with caplog.at_level(logging.ERROR, logger="iqgraph.schema.errors"):
         result = await api.run(
             '{ orderCount { get(key: "customer-00") } node { id } totalSpend { get(key: "customer-00") } }'
         )

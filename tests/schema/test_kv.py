@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from stores import PartitionState
+from iqgraph.stores import PartitionState
 from tests.schema.apps import SHOP_TOPIC, ShopTruth, fill_shop, shop_partition
 from tests.schema.conftest import Api, Hosted
 

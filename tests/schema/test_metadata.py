@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stores import PartitionState
+from iqgraph.stores import PartitionState
 from tests.schema.apps import PARTITIONS, SHOP_TOPIC, shop_partition
 from tests.schema.conftest import Api, Hosted
 

@@ -15,9 +15,9 @@ import graphql
 import pytest
 from pyspark.sql.types import DataType
 
-from app.local_queries import LocalStoreQueries
-from schema import Limits, build_schema
-from streaming.definitions import App
+from iqgraph.app.local_queries import LocalStoreQueries
+from iqgraph.schema import Limits, build_schema
+from iqgraph.streaming.definitions import App
 from tests.schema.apps import SHOP_TYPES, WEBLOG_TYPES, shop_app, weblog_app
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def test_two_apps_give_two_different_valid_schemas() -> None:
 
 @pytest.mark.slow
 def test_the_hand_built_value_types_are_those_spark_derives(spark: SparkSession) -> None:
-    from streaming.value_types import value_types
+    from iqgraph.streaming.value_types import value_types
 
     for make, types in APPS.values():
         assert value_types(make(), spark) == types

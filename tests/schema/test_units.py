@@ -8,11 +8,11 @@ import datetime as dt
 import orjson
 import pytest
 
-from schema import Limits
-from schema.naming import camel_case, pascal_case
-from schema.pagination import Order, Resume, decode_cursor, encode_cursor
-from schema.scalars import InvalidScalarValue, parse_datetime, parse_long, serialize_datetime
-from stores import InvalidCursorError
+from iqgraph.schema import Limits
+from iqgraph.schema.naming import camel_case, pascal_case
+from iqgraph.schema.pagination import Order, Resume, decode_cursor, encode_cursor
+from iqgraph.schema.scalars import InvalidScalarValue, parse_datetime, parse_long, serialize_datetime
+from iqgraph.stores import InvalidCursorError
 
 ORDER = Order("order_count:key", lambda item: item[0], lambda key: isinstance(key, str))
 

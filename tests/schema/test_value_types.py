@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
-from schema import Limits, SchemaDefinitionError, StoreInfo, build_schema
-from schema.value_types import to_datetime, to_decimal, to_float, to_int
-from stores import PartitionState, ValueFormatError
-from streaming.partitioner import partition_for
+from iqgraph.schema import Limits, SchemaDefinitionError, StoreInfo, build_schema
+from iqgraph.schema.value_types import to_datetime, to_decimal, to_float, to_int
+from iqgraph.stores import PartitionState, ValueFormatError
+from iqgraph.streaming.partitioner import partition_for
 from tests.schema.apps import LAB_TOPIC, PARTITIONS, START_MS
 from tests.schema.conftest import Api, Hosted
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stores import (
+from iqgraph.stores import (
     AVG,
     COUNT,
     LATEST,

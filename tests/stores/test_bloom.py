@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from stores import CorruptValueError, InvalidKeyError, PartitionStores, PartitionTransaction
-from stores.bloom import SNAPSHOT_KEY
+from iqgraph.stores import CorruptValueError, InvalidKeyError, PartitionStores, PartitionTransaction
+from iqgraph.stores.bloom import SNAPSHOT_KEY
 from tests.stores.conftest import Apply
 
 # "seen": string keys, capacity 50,000, error rate 1%; "seen_int": integer keys, capacity 1,000, 1%.

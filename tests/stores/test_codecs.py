@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from stores import (
+from iqgraph.stores import (
     CorruptValueError,
     InvalidKeyError,
     KeyCodec,
@@ -19,7 +19,7 @@ from stores import (
     decode_value,
     encode_value,
 )
-from stores.codecs import decode_int64, encode_int64
+from iqgraph.stores.codecs import decode_int64, encode_int64
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1

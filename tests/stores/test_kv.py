@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stores import (
+from iqgraph.stores import (
     AVG,
     SUM,
     CorruptValueError,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict
 
-import stores as stores_pkg
-from stores import (
+import iqgraph.stores as stores_pkg
+from iqgraph.stores import (
     OffsetError,
     OffsetGapError,
     PartitionState,
@@ -24,7 +24,7 @@ from stores import (
     StoreNotReadyError,
     UnknownStoreError,
 )
-from stores.partition import META_CF, NEXT_OFFSET_KEY
+from iqgraph.stores.partition import META_CF, NEXT_OFFSET_KEY
 from tests.stores.conftest import APP_ID, TOPIC, Apply
 
 REPO = Path(stores_pkg.__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ REPO = Path(stores_pkg.__file__).resolve().parents[1]
 WRITER = r"""
 import os, signal, sys
 from pathlib import Path
-from stores import BloomSpec, COUNT, StateDirectory, StoreKind, StoreSpec, WindowSpec
+from iqgraph.stores import BloomSpec, COUNT, StateDirectory, StoreKind, StoreSpec, WindowSpec
 
 root, mode, batches = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 SPECS = [
@@ -86,7 +86,7 @@ stores.close()
 HOLDER = r"""
 import sys
 from pathlib import Path
-from stores import StateDirectory
+from iqgraph.stores import StateDirectory
 stores = StateDirectory(Path(sys.argv[1]), sys.argv[2]).open(sys.argv[3], 0, [])
 print("ready", flush=True)
 sys.stdin.readline()

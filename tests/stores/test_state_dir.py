@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stores import PartitionStores, StateDirectory, StateDirError, StoreKind, StoreSpec
-from stores.state_dir import MARKER, MARKER_FORMAT
+from iqgraph.stores import PartitionStores, StateDirectory, StateDirError, StoreKind, StoreSpec
+from iqgraph.stores.state_dir import MARKER, MARKER_FORMAT
 from tests.stores.conftest import APP_ID, TOPIC
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stores import (
+from iqgraph.stores import (
     InvalidKeyError,
     Key,
     Page,
@@ -17,7 +17,7 @@ from stores import (
     WindowSpec,
     WindowStore,
 )
-from stores.codecs import decode_int64
+from iqgraph.stores.codecs import decode_int64
 from tests.stores.conftest import Apply
 
 INT64_MAX = (1 << 63) - 1

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from examples.shop import build_app
-from stores import StateDirectory
-from stores.partition import PartitionDB
-from streaming.runner import RunnerSettings, StreamRunner
-from streaming.session import build_spark_session
+from iqgraph.examples.shop import build_app
+from iqgraph.stores import StateDirectory
+from iqgraph.stores.partition import PartitionDB
+from iqgraph.streaming.runner import RunnerSettings, StreamRunner
+from iqgraph.streaming.session import build_spark_session
 
 
 def _arm(crash: str, at: int) -> None:

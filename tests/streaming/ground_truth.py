@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stores import StoreKind
-from streaming.definitions import App
-from streaming.partitioner import partition_for
+from iqgraph.stores import StoreKind
+from iqgraph.streaming.definitions import App
+from iqgraph.streaming.partitioner import partition_for
 
 
 def event_ms(value: dict[str, Any], column: str) -> int:

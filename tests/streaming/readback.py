@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from stores import PartitionStores, StoreKind
-from streaming.definitions import App
+from iqgraph.stores import PartitionStores, StoreKind
+from iqgraph.streaming.definitions import App
 from tests.streaming.ground_truth import Expected
 
 FAR_PAST, FAR_FUTURE = -(1 << 62), 1 << 62

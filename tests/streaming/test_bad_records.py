@@ -10,11 +10,11 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer
 
-from examples.shop import build_app
-from stores import StateDirectory
-from streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce
-from streaming.definitions import KafkaSettings
-from streaming.runner import RunnerSettings, StreamRunner
+from iqgraph.examples.shop import build_app
+from iqgraph.stores import StateDirectory
+from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce
+from iqgraph.streaming.definitions import KafkaSettings
+from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from tests.conftest import MakeTopic
 from tests.streaming.ground_truth import expected
 from tests.streaming.readback import read_back

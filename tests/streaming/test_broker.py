@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streaming.broker import ONE_RECORD_PER_REQUEST, BrokerError, EmbeddedBroker, produce, tansu_binary
+from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, BrokerError, EmbeddedBroker, produce, tansu_binary
 from tests.conftest import MakeTopic
 
 

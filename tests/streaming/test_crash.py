@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from examples.shop import build_app
-from stores import PartitionState, StateDirectory
-from streaming.broker import EmbeddedBroker
+from iqgraph.examples.shop import build_app
+from iqgraph.stores import PartitionState, StateDirectory
+from iqgraph.streaming.broker import EmbeddedBroker
 from tests.conftest import MakeTopic
 from tests.streaming.readback import read_back
 from tests.streaming.test_pipeline import START_MS, assert_equal_to_ground_truth, send

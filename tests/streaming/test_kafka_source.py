@@ -22,9 +22,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from streaming.broker import EmbeddedBroker, produce
-from streaming.kafka_offsets import cap_offsets, fair_shares
-from streaming.kafka_source import ARROW_SCHEMA, KafkaDataSource, KafkaSourceError, KafkaSourceOptions
+from iqgraph.streaming.broker import EmbeddedBroker, produce
+from iqgraph.streaming.kafka_offsets import cap_offsets, fair_shares
+from iqgraph.streaming.kafka_source import ARROW_SCHEMA, KafkaDataSource, KafkaSourceError, KafkaSourceOptions
 from tests.conftest import MakeTopic
 
 PARTITIONS, RECORDS = 4, 2000

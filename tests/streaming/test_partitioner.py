@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 
-from streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker
-from streaming.partitioner import murmur2, partition_for
+from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker
+from iqgraph.streaming.partitioner import murmur2, partition_for
 from tests.conftest import MakeTopic
 
 PARTITIONS = 7

@@ -10,11 +10,11 @@ from typing import Any
 import orjson
 import pytest
 
-from examples.shop import ITEMS, build_app
-from stores import PartitionState, StateDirectory
-from streaming.broker import EmbeddedBroker, produce
-from streaming.definitions import App
-from streaming.runner import RunnerSettings, StreamRunner
+from iqgraph.examples.shop import ITEMS, build_app
+from iqgraph.stores import PartitionState, StateDirectory
+from iqgraph.streaming.broker import EmbeddedBroker, produce
+from iqgraph.streaming.definitions import App
+from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from tests.conftest import MakeTopic
 from tests.streaming.ground_truth import expected
 from tests.streaming.readback import read_back
@@ -100,7 +100,7 @@ def test_status_reports_every_partition_running_without_lag(shop: Any) -> None:
 
 
 def test_the_jvm_connector_is_selected_with_equivalent_options() -> None:
-    from streaming.runner import source_options
+    from iqgraph.streaming.runner import source_options
 
     ours = source_options(RunnerSettings("b:9092", {"security.protocol": "SSL"}), "orders", [1, 3], {1: 10, 3: 0})
     assert ours == {

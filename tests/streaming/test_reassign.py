@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from examples.shop import build_app
-from stores import StateDirectory
-from streaming.broker import EmbeddedBroker
-from streaming.partitioner import partition_for
-from streaming.runner import RunnerSettings, StreamRunner
+from iqgraph.examples.shop import build_app
+from iqgraph.stores import StateDirectory
+from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.streaming.partitioner import partition_for
+from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from tests.conftest import MakeTopic
 from tests.streaming.readback import read_back
 from tests.streaming.test_pipeline import START_MS, assert_equal_to_ground_truth, send
@@ -65,7 +65,7 @@ def test_reassignment_keeps_untouched_partitions_and_rebuilds_new_ones(
 def test_a_query_that_dies_is_restarted_from_the_stores(
     broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from streaming.sink import StoreSink
+    from iqgraph.streaming.sink import StoreSink
 
     topic = make_topic(2, prefix="orders")
     app = build_app(topic, 2)
