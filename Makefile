@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench-stores bench-ingest check-java install clean
+.PHONY: demo test lint typecheck bench-stores bench-ingest check-java check-chromium install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,21 @@ check-java:
 	  exit 1; \
 	fi
 
+# The GraphiQL test loads the page in headless Chromium (Debian's package), installed here when missing.
+check-chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Chromium for the GraphiQL browser test (apt-get install chromium)"; \
+	    apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; \
+	  else \
+	    echo "Chromium is missing: the GraphiQL browser test will be skipped (apt-get install chromium)"; \
+	  fi; \
+	fi
+
 demo: install check-java
 	$(BIN)/iqgraph demo
 
-test: install check-java
+test: install check-java check-chromium
 	$(BIN)/python -m pytest -q
 
 lint: install typecheck

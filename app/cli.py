@@ -1,4 +1,4 @@
-"""The ``iqgraph`` command line: serve, demo, schema, produce.
+"""The ``iqgraph`` command line: serve, dev, demo, schema, produce.
 
 Every command turns the errors a user can fix into one line on stderr and exit code 2 — never a traceback.
 """
@@ -14,10 +14,11 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from iqgraph.app.data_file import BadLine
 from iqgraph.app.loading import AppLoadError, load_app
 from iqgraph.app.settings import Settings, SettingsError, load_settings
 from iqgraph.stores import StoreError
-from iqgraph.streaming.definitions import DefinitionError
+from iqgraph.streaming.definitions import App, DefinitionError
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     AppLoadError,
@@ -47,6 +48,8 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--standbys", type=int, help="standby copies of each partition on other nodes (default 0)")
     parser.add_argument("--max-lag", type=int, help="let a standby answer when it is at most this many records behind")
     parser.add_argument("--group-session-timeout-ms", type=int, help="kafka membership: session timeout (10000)")
+    parser.add_argument("--create-topics", action="store_true", default=None,
+                        help="create the app's input topics if missing (off: production topics are provisioned)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
 
 
@@ -56,23 +59,32 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run a node: its streaming queries and the GraphQL API")
     _node_flags(serve)
-    demo = commands.add_parser("demo", help="embedded broker + generated shop orders + one node, with GraphiQL")
-    demo.add_argument("--port", type=int, default=8000, help="GraphQL port (default 8000)")
-    demo.add_argument("--state-dir", type=Path, help="where to keep the stores (default: a temporary directory)")
-    demo.add_argument("--rate", type=float, default=200.0, help="orders produced per second (default 200)")
-    demo.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: Ctrl-C)")
-    demo.add_argument("--nodes", type=int, default=1, help="how many nodes (default 1; 3 shows forwarding)")
+    dev = commands.add_parser("dev", help="run an app on the embedded broker: topics, data, 1 or N nodes, GraphiQL")
+    dev.add_argument("--app", required=True, help="package.module:attribute (your module, from this directory)")
+    dev.add_argument("--data", type=Path, help='JSON lines to produce first: {"key": …, "value": {…}, "timestamp": …}')
+    _dev_flags(dev)
+    demo = commands.add_parser("demo", help="iqgraph dev with the shop example (generated orders)")
+    _dev_flags(demo)
     schema = commands.add_parser("schema", help="print the GraphQL SDL of an app (for codegen)")
     schema.add_argument("--app", required=True, help="package.module:attribute")
-    produce = commands.add_parser("produce", help="produce an app's generated events into its topic")
+    produce = commands.add_parser("produce", help="produce a JSON-lines file, or an app's generated events")
     produce.add_argument("--app", required=True, help="package.module:attribute")
     produce.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the app's)")
-    produce.add_argument("--count", type=int, help="how many events (default: until Ctrl-C)")
+    produce.add_argument("--file", help='JSON lines {"key": …, "value": {…}, "timestamp": …}; - for stdin')
+    produce.add_argument("--count", type=int, help="how many generated events (default: until Ctrl-C)")
     produce.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
     produce.add_argument("--seed", type=int, default=1, help="generator seed (same seed, same events)")
     produce.add_argument("--start-ms", type=int, help="event time of the first event (default: now)")
     produce.add_argument("--one-record-per-request", action="store_true", help="needed by the embedded (Tansu) broker")
     return parser
+
+
+def _dev_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=1, help="how many nodes (default 1; 3 shows forwarding)")
+    parser.add_argument("--rate", type=float, default=200.0, help="generated events per second (default 200)")
+    parser.add_argument("--port", type=int, default=8000, help="port of the first node (default 8000)")
+    parser.add_argument("--state-dir", type=Path, help="stores and node logs (default: a new temporary directory)")
+    parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: Ctrl-C)")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -85,21 +97,33 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        from iqgraph.app.server import serve
+        return _serve(args)
+    if args.command in ("dev", "demo"):
+        from iqgraph.app.dev import DEMO_APP, DevOptions, run_dev
 
-        settings = _settings(args)
-        return serve(settings, load_app(settings.app))
-    if args.command == "demo":
-        from iqgraph.app.demo import run_demo
-
-        return run_demo(
-            port=args.port, state_dir=args.state_dir, rate=args.rate, duration=args.duration, nodes=args.nodes
-        )
+        options = {k: getattr(args, k) for k in ("nodes", "rate", "port", "state_dir", "duration")}
+        if args.command == "demo":
+            return run_dev(DevOptions(app=DEMO_APP, prefix="iqgraph demo", **options))
+        return run_dev(DevOptions(app=args.app, data=args.data, **options))
     if args.command == "schema":
         from iqgraph.app.server import print_schema
 
         return print_schema(load_app(args.app))
     return _produce(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from iqgraph.app.server import serve
+    from iqgraph.app.topics import create_topics
+
+    settings = _settings(args)
+    app = load_app(settings.app)
+    if settings.create_topics:
+        config = {**app.kafka.config, **settings.kafka}
+        config["bootstrap.servers"] = settings.bootstrap_servers or app.kafka.bootstrap_servers
+        for name in create_topics(config, app):
+            print(f"iqgraph: created topic {name} ({app.topic(name).partitions} partitions)", flush=True)
+    return serve(settings, app)
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -108,12 +132,36 @@ def _produce(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     extra = ONE_RECORD_PER_REQUEST if args.one_record_per_request else None
     config = producer_config(app, args.bootstrap_servers or app.kafka.bootstrap_servers, extra)
+    if args.file is not None:
+        return _produce_file(app, config, args.file)
+    if app.generator is None:
+        raise AppLoadError(
+            f"app {app.name!r} has no event generator: pass --file data.jsonl (one JSON object per line: "
+            '{"key": …, "value": {…}, "timestamp": …}), or - to read them from stdin'
+        )
     try:
         sent = produce_events(app, config, count=args.count, rate=args.rate, seed=args.seed, start_ms=args.start_ms)
     except KeyboardInterrupt:
         return 0
     print(f"produced {sent} events into {app.topics[0].name}")
     return 0
+
+
+def _produce_file(app: App, config: dict[str, Any], file: str) -> int:
+    from iqgraph.app.data_file import read_records
+    from iqgraph.app.producer import produce_records
+
+    def bad_line(bad: BadLine) -> None:
+        print(f"iqgraph: skipped {file}: {bad}", file=sys.stderr)
+
+    try:
+        lines = sys.stdin if file == "-" else open(file)  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise AppLoadError(f"--file {file}: {exc.strerror}") from None
+    with lines:
+        sent, bad = produce_records(config, read_records(lines, app), bad_line)
+    print(f"produced {sent} records from {file}" + (f"; skipped {bad} bad lines (see above)" if bad else ""))
+    return 1 if bad else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return _run(args)
+    except KeyboardInterrupt:
+        print("iqgraph: interrupted", file=sys.stderr)
+        return 130
     except USER_ERRORS as exc:
         print(f"iqgraph: error: {exc}", file=sys.stderr)
         return 2
@@ -134,9 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _node_errors() -> tuple[type[BaseException], ...]:
+    from iqgraph.app.dev import DevError
     from iqgraph.app.node import NodeStartError
+    from iqgraph.app.topics import TopicCreationError
+    from iqgraph.streaming.broker import BrokerError
 
-    return (NodeStartError,)
+    return (NodeStartError, DevError, TopicCreationError, BrokerError)
 
 
 if __name__ == "__main__":

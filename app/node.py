@@ -18,6 +18,7 @@ from iqgraph.app.cluster_queries import ClusterStoreQueries
 from iqgraph.app.health import PeerHealth
 from iqgraph.app.local_queries import LocalStoreQueries, RetryPolicy
 from iqgraph.app.membership import ClusterMap, Member, Membership, StaticMembership, parse_peers
+from iqgraph.app.metrics import NodeMetrics
 from iqgraph.app.peers import PeerClient
 from iqgraph.app.settings import Settings
 from iqgraph.stores import PartitionState, StateDirectory, StoreError
@@ -27,6 +28,8 @@ from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from iqgraph.schema.types import NodeInfo
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -63,6 +66,13 @@ class Node:
         self.peers: PeerClient | None = None
         self.health: PeerHealth | None = None
         self._hosted: dict[str, list[int]] = {}
+        self.metrics = NodeMetrics(self._members, self._node_info, lambda: self.state.value)
+
+    def _members(self) -> Mapping[str, Member]:
+        return {} if self.membership is None else self.membership.current().members
+
+    def _node_info(self) -> NodeInfo | None:
+        return None if self.queries is None else self.queries.node()
 
     def _client_config(self) -> dict[str, str]:
         return {**self.app.kafka.config, **self.settings.kafka, "bootstrap.servers": self.bootstrap_servers}
@@ -117,7 +127,9 @@ class Node:
         from iqgraph.streaming.value_types import value_types
 
         types = value_types(self.app, self.spark)
-        self.runner = StreamRunner(self.app, self.spark, state_dir, self._runner_settings())
+        self.runner = StreamRunner(
+            self.app, self.spark, state_dir, self._runner_settings(), observer=self.metrics.batch_applied
+        )
         try:
             self.runner.start(assignment)
         except (StoreError, DefinitionError) as exc:
@@ -135,7 +147,7 @@ class Node:
             state=lambda: self.state.value,
             role=self._role,
         )
-        self.peers = PeerClient(self.settings.node_id)
+        self.peers = PeerClient(self.settings.node_id, observer=self.metrics)
         self.cluster = ClusterStoreQueries(self.queries, self.membership, self.peers, max_lag=self.settings.max_lag)
         self.membership.subscribe(self._on_new_map)
         threading.Thread(target=self._supervise, name="query-supervisor", daemon=True).start()

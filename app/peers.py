@@ -2,7 +2,8 @@
 
 Each call is ONE GraphQL request to one peer, marked with the forwarded header (the peer answers from
 its own partitions only) and carrying the caller's Authorization header. Explicit timeouts and
-connection limits; keep-alive connections are reused across requests. Counts what it sends per peer.
+connection limits; keep-alive connections are reused across requests. Counts what it sends per peer,
+and tells an optional PeerObserver (the node's metrics) of each request sent and each that failed.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -40,13 +41,32 @@ class PeerUnavailableError(PeerError):
         super().__init__(message, "NODE_UNAVAILABLE")
 
 
+class PeerObserver(Protocol):
+    """Hears what the peer client sends and what fails."""
+
+    def sent_to(self, url: str) -> None:
+        """A sub-request is being sent to the peer at url."""
+        ...
+
+    def failed(self, url: str, code: str) -> None:
+        """The peer at url failed a sub-request (NODE_UNAVAILABLE) or answered it with an error code."""
+        ...
+
+
 class PeerClient:
     """Send forwarded sub-requests to peers."""
 
     def __init__(
-        self, node_id: str, *, timeout_s: float = 5.0, connect_timeout_s: float = 1.0, max_connections: int = 64
+        self,
+        node_id: str,
+        *,
+        timeout_s: float = 5.0,
+        connect_timeout_s: float = 1.0,
+        max_connections: int = 64,
+        observer: PeerObserver | None = None,
     ) -> None:
         self.node_id = node_id
+        self.observer = observer
         self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.sent: Counter[str] = Counter()
@@ -61,10 +81,20 @@ class PeerClient:
 
     async def query(self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None) -> Any:
         """Return the data of one forwarded GraphQL request; raise PeerError / PeerUnavailableError."""
+        self.sent[url] += 1
+        if self.observer is None:
+            return await self._send(url, query, variables, authorization)
+        self.observer.sent_to(url)
+        try:
+            return await self._send(url, query, variables, authorization)
+        except PeerError as exc:
+            self.observer.failed(url, exc.code)
+            raise
+
+    async def _send(self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None) -> Any:
         headers = {FORWARDED_HEADER: self.node_id}
         if authorization:
             headers["authorization"] = authorization
-        self.sent[url] += 1
         try:
             response = await self._client().post(
                 f"{url}/graphql", json={"query": query, "variables": variables}, headers=headers

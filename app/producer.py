@@ -1,4 +1,8 @@
-"""Produce an app's generated events into its first topic, at a given rate (``iqgraph produce``)."""
+"""Produce into an app's topics (``iqgraph produce``, ``iqgraph dev``): generated events, or a user's records.
+
+Keys are partitioned the way the app routes them (``producer_config``: murmur2 as Kafka's Java client), so
+every record lands in the partition a lookup will ask.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,13 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from iqgraph.app.data_file import BadLine, FileRecord
 from iqgraph.streaming.definitions import App, DefinitionError
 from iqgraph.streaming.partitioner import serialize_key
 
@@ -42,13 +47,9 @@ def produce_events(
     if app.generator is None:
         raise DefinitionError(f"app {app.name!r} has no event generator to produce from")
     topic = app.topics[0]
-    producer = Producer(dict(config))
+    producer = Producer(dict(config), logger=log)
     failures: list[KafkaError] = []
-
-    def delivered(error: KafkaError | None, _message: Message) -> None:
-        if error is not None:
-            failures.append(error)
-
+    delivered = _on_delivery(failures)
     events = app.generator(seed, start_ms if start_ms is not None else int(time.time() * 1000))
     started = time.monotonic()
     sent = 0
@@ -64,16 +65,49 @@ def produce_events(
                 time.sleep(ahead)
         if on_progress is not None and sent % 1000 == 0:
             on_progress(sent)
-    remaining = producer.flush(30)
-    if failures or remaining:
-        raise KafkaException(f"{len(failures)} events failed and {remaining} were not delivered: {failures[:3]}")
+    _flush(producer, failures)
     return sent
 
 
-def _send(producer: Producer, topic: str, key: bytes | None, value: bytes, delivered: Any) -> None:
+def produce_records(
+    config: Mapping[str, Any], records: Iterable[FileRecord | BadLine], on_bad: Callable[[BadLine], None]
+) -> tuple[int, int]:
+    """Produce a file's records in order; hand each bad line to on_bad; return (records sent, bad lines)."""
+    producer = Producer(dict(config), logger=log)
+    failures: list[KafkaError] = []
+    delivered = _on_delivery(failures)
+    sent = bad = 0
+    for record in records:
+        if isinstance(record, BadLine):
+            bad += 1
+            on_bad(record)
+            continue
+        _send(producer, record.topic, record.key, record.value, delivered, record.timestamp_ms or 0)
+        sent += 1
+    _flush(producer, failures)
+    return sent, bad
+
+
+def _on_delivery(failures: list[KafkaError]) -> Callable[[KafkaError | None, Message], None]:
+    def delivered(error: KafkaError | None, _message: Message) -> None:
+        if error is not None:
+            failures.append(error)
+
+    return delivered
+
+
+def _flush(producer: Producer, failures: list[KafkaError]) -> None:
+    remaining = producer.flush(30)
+    if failures or remaining:
+        raise KafkaException(f"{len(failures)} records failed and {remaining} were not delivered: {failures[:3]}")
+
+
+def _send(
+    producer: Producer, topic: str, key: bytes | None, value: bytes | None, delivered: Any, timestamp_ms: int = 0
+) -> None:
     while True:
         try:
-            producer.produce(topic, value=value, key=key, on_delivery=delivered)
+            producer.produce(topic, value=value, key=key, on_delivery=delivered, timestamp=timestamp_ms)
             producer.poll(0)
             return
         except BufferError:

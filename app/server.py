@@ -1,4 +1,4 @@
-"""The node's ASGI server: /graphql (POST, GET, GraphiQL), /healthz, /readyz, run by uvicorn.
+"""The node's ASGI server: /graphql (POST, GET, GraphiQL), /healthz, /readyz, /metrics, run by uvicorn.
 
 Graceful shutdown: uvicorn stops accepting connections and lets in-flight requests finish; then the node
 stops its streaming queries, closes RocksDB and stops Spark.
@@ -10,18 +10,22 @@ import gc
 import logging
 import signal
 import sys
-from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from iqgraph.app.metrics import scrape, tracing_extensions
 from iqgraph.app.node import Node
 from iqgraph.app.settings import Settings
 from iqgraph.schema.asgi import FORWARDED_HEADER
+from iqgraph.schema.graphiql import graphiql_mount
 
 if TYPE_CHECKING:
     from iqgraph.streaming.definitions import App
@@ -45,17 +49,17 @@ def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Starlett
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    counted = ForwardCounter(graphql)
+    counted = ForwardCounter(graphql, node.metrics.forwarded_received)
 
     async def metrics(_: Request) -> Response:
-        sent = {} if node.peers is None else dict(node.peers.sent)
-        body = {"node": node.settings.node_id, "forwarded_sent": sent, "forwarded_received": dict(counted.received)}
-        return JSONResponse(body)
+        # in a thread: the partition gauges ask Kafka for the end offsets
+        return Response(await run_in_threadpool(scrape, node.metrics), media_type=CONTENT_TYPE_LATEST)
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        graphiql_mount("/graphql"),  # GraphiQL's assets at /graphql/static (schema.graphiql)
         Route("/graphql", counted, methods=["GET", "POST"]),
     ]
     if raw_endpoint:
@@ -64,17 +68,21 @@ def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Starlett
 
 
 class ForwardCounter:
-    """ASGI wrapper counting the forwarded sub-requests received, per sending node."""
+    """ASGI wrapper counting the forwarded sub-requests received, per node the forwarded header names.
 
-    def __init__(self, app: Any) -> None:
+    The header is not authenticated yet (any client can send it): ``count`` gets its raw value and must
+    bound it (NodeMetrics labels it only when it names a member, else ``unknown``).
+    """
+
+    def __init__(self, app: Any, count: Callable[[str], None]) -> None:
         self.app = app
-        self.received: Counter[str] = Counter()
+        self.count = count
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Count a forwarded request, then serve it."""
         origin = dict(scope.get("headers") or []).get(FORWARDED_HEADER.encode())
         if origin is not None:
-            self.received[origin.decode()] += 1
+            self.count(origin.decode("latin-1"))
         await self.app(scope, receive, send)
 
 
@@ -101,7 +109,13 @@ def graphql_app(node: Node) -> Any:
     limits = Limits(
         max_keys=settings.max_keys, max_page_size=settings.max_page_size, default_page_size=settings.default_page_size
     )
-    schema = build_schema(node.queries.stores(), limits, description=node.app.description)
+    schema = build_schema(
+        node.queries.stores(),
+        limits,
+        description=node.app.description,
+        metrics=node.metrics.graphql,
+        extensions=tracing_extensions(settings.tracing),
+    )
     cluster = node.cluster or node.queries
     queries_for = node.cluster.bind if node.cluster is not None else None
     return GraphQLApp(schema, cluster, limits, local=node.queries, queries_for=queries_for)

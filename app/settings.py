@@ -48,6 +48,8 @@ class Settings:
     standbys: int = 0
     max_lag: int | None = None  # records a standby may be behind and still answer; None: no stale reads
     group_session_timeout_ms: int = 10_000  # kafka membership: Kafka refuses < 6000 by default
+    tracing: bool = False  # OpenTelemetry spans per GraphQL request, if opentelemetry-sdk is installed
+    create_topics: bool = False  # create missing input topics at start (production topics are provisioned)
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     @property

@@ -65,7 +65,7 @@ from iqgraph.examples.shop import CUSTOMERS, generate_orders  # noqa: E402
 from iqgraph.schema.asgi import FORWARDED_HEADER  # noqa: E402
 from iqgraph.streaming.broker import EmbeddedBroker, produce  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
-from tests.app.cluster_nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
+from tests.app.cluster_nodes import NodeProcess, Scrape, start_nodes, wait_ready, write_app_module  # noqa: E402
 
 PARTITIONS = 6
 NODES = 3
@@ -285,22 +285,24 @@ def series(
     return times
 
 
-def forwarded(nodes: Sequence[NodeProcess]) -> list[dict[str, Any]]:
-    """Return every node's forwarded counters."""
+def forwarded(nodes: Sequence[NodeProcess]) -> list[Scrape]:
+    """Return every node's /metrics."""
     return [node.metrics() for node in nodes]
 
 
-def forwarded_delta(before: list[dict[str, Any]], after: list[dict[str, Any]], urls: list[str]) -> dict[str, Any]:
-    """Return what node-0 sent to each peer and what each node received from anyone, between two snapshots."""
+def _received(scrape: Scrape) -> float:
+    name = "iqgraph_forwarded_received_total"
+    return sum(scrape.value(name, **labels) for labels in scrape.labels(name))
+
+
+def forwarded_delta(before: list[Scrape], after: list[Scrape], urls: list[str]) -> dict[str, Any]:
+    """Return what node-0 sent to each peer and what each node received from anyone, between two scrapes."""
+    name = "iqgraph_forwarded_sent_total"
     sent = {
-        f"node-{i}": after[0]["forwarded_sent"].get(url, 0) - before[0]["forwarded_sent"].get(url, 0)
-        for i, url in enumerate(urls)
-        if i
+        f"node-{i}": after[0].value(name, peer=f"node-{i}") - before[0].value(name, peer=f"node-{i}")
+        for i in range(1, len(urls))
     }
-    received = {
-        f"node-{i}": sum(a["forwarded_received"].values()) - sum(b["forwarded_received"].values())
-        for i, (a, b) in enumerate(zip(after, before, strict=True))
-    }
+    received = {f"node-{i}": _received(a) - _received(b) for i, (a, b) in enumerate(zip(after, before, strict=True))}
     return {"sent_by_node_0": sent, "received": received}
 
 

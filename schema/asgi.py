@@ -1,8 +1,10 @@
 """The Strawberry ASGI app of a schema: /graphql over POST and GET, GraphiQL in a browser.
 
-Each request gets a fresh Context (its own DataLoaders) from ``context_getter``. A request that is not
-GraphQL over HTTP at all (a body that is not JSON, no query, a wrong method) is answered with its HTTP
-status and a GraphQL-shaped JSON error, code BAD_REQUEST, rather than Strawberry's plain text.
+Each request gets a fresh Context (its own DataLoaders) from ``context_getter``. Requests and responses
+follow the GraphQL over HTTP spec (``schema.http_spec`` holds its rules and the choices made): the media
+type is negotiated from Accept, a request is parsed and checked here rather than by Strawberry, and a
+refused one gets its HTTP status and a GraphQL-shaped error (code BAD_REQUEST unless a GraphQL one),
+never Strawberry's plain text.
 """
 
 from __future__ import annotations
@@ -10,13 +12,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cross_web import HTTPException
+from cross_web import AsyncHTTPRequestAdapter, HTTPException, StarletteRequestAdapter
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, Response
+from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
+from strawberry.exceptions import MissingQueryError
+from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
+from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
+from strawberry.types import ExecutionResult
+from strawberry.types.graphql import OperationType
 
+from iqgraph.schema import http_spec
 from iqgraph.schema.context import Context
-from iqgraph.schema.errors import BAD_REQUEST
+from iqgraph.schema.errors import GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILED
+from iqgraph.schema.graphiql import graphiql_html
 from iqgraph.schema.limits import Limits
 
 if TYPE_CHECKING:
@@ -65,6 +75,79 @@ class GraphQLApp(GraphQL[Context, None]):
             queries = self._queries
         return Context(queries, self._limits, request=request, response=response, local=self._local)
 
+    async def get_sub_response(self, request: Request | WebSocket) -> Response:
+        """Return the response resolvers may add headers to; its media_type is the one Accept chose (or 406)."""
+        sub_response = await super().get_sub_response(request)
+        accept = request.headers.get("accept")
+        media_type = http_spec.negotiate(accept)
+        if media_type is None and isinstance(request, Request):
+            if not self.should_render_graphql_ide(StarletteRequestAdapter(request)):
+                raise http_spec.not_acceptable(accept or "")
+        sub_response.media_type = media_type
+        return sub_response
+
+    async def parse_http_body(self, request: AsyncHTTPRequestAdapter) -> GraphQLRequestData:
+        """Return the GraphQL-over-HTTP request of a GET's query string or a POST's JSON body."""
+        if request.method == "GET":
+            return http_spec.graphql_request(http_spec.query_params(request.query_params))
+        http_spec.check_content_type(request.content_type)
+        return http_spec.graphql_request(http_spec.decode_body(await request.get_body()))
+
+    async def execute_single(
+        self,
+        request: Request,
+        request_adapter: AsyncHTTPRequestAdapter,
+        sub_response: Response,
+        context: Context,
+        root_value: None,
+        request_data: GraphQLRequestData,
+    ) -> ExecutionResult:
+        """Execute one request (GET runs queries only); refuse one that cannot run with the spec's status."""
+        method = request_adapter.method
+        get_allows = {OperationType.QUERY} if self.allow_queries_via_get else set()
+        try:
+            return await self.schema.execute(
+                request_data.query,
+                root_value=root_value,
+                variable_values=request_data.variables,
+                context_value=context,
+                operation_name=request_data.operation_name,
+                allowed_operation_types=get_allows if method == "GET" else OperationType.from_http(method),
+                operation_extensions=request_data.extensions,
+            )
+        except InvalidOperationTypeError as exc:
+            reason = f"{exc.as_http_error_reason(method)}: use POST"
+            raise http_spec.RequestError(405, reason, headers={"allow": "POST"}) from exc
+        except CannotGetOperationTypeError as exc:
+            raise http_spec.RequestError(422, exc.as_http_error_reason(), GRAPHQL_VALIDATION_FAILED) from exc
+        except MissingQueryError as exc:
+            raise http_spec.RequestError(400, "Syntax Error: the document is empty", GRAPHQL_PARSE_FAILED) from exc
+
+    async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
+        """Return the GraphQL response of result; one that failed before execution has no data entry."""
+        response = await super().process_result(request, result)
+        if http_spec.is_request_error(result):
+            del response["data"]
+        return response
+
+    def create_response(
+        self, response_data: GraphQLHTTPResponse | list[GraphQLHTTPResponse], sub_response: Response
+    ) -> Response:
+        """Return the HTTP response of a GraphQL response, with the spec's status and Content-Type."""
+        if isinstance(response_data, list):  # never: parse_http_body refuses batches
+            return super().create_response(response_data, sub_response)
+        media_type = sub_response.media_type or http_spec.GRAPHQL_RESPONSE
+        status = sub_response.status_code or http_spec.response_status(response_data, media_type)
+        content_type = http_spec.content_type(media_type, status)
+        response = Response(self.encode_json(response_data), status, media_type=content_type)
+        response.headers.raw.extend(sub_response.headers.raw)
+        response.background = sub_response.background
+        return response
+
+    async def render_graphql_ide(self, request: Request) -> Response:
+        """Return GraphiQL loading its assets from this node (schema.graphiql), never from a CDN."""
+        return HTMLResponse(graphiql_html(request.url.path))
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI connection; HTTP requests that are not GraphQL get a JSON error."""
         if scope["type"] != "http":
@@ -74,6 +157,6 @@ class GraphQLApp(GraphQL[Context, None]):
         try:
             response = await self.run(Request(scope=scope, receive=receive))
         except HTTPException as exc:
-            error = {"message": exc.reason, "extensions": {"code": BAD_REQUEST}}
-            response = JSONResponse({"data": None, "errors": [error]}, status_code=exc.status_code)
+            body, headers = http_spec.refusal(exc)
+            response = Response(self.encode_json(body), exc.status_code, headers=headers)
         await response(scope, receive, send)

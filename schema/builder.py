@@ -49,6 +49,7 @@ from iqgraph.schema.keys import key_kind
 from iqgraph.schema.kv_fields import key_value_type
 from iqgraph.schema.limits import Limits
 from iqgraph.schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fields
+from iqgraph.schema.metrics import GraphQLMetrics, MetricsExtension
 from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
 from iqgraph.schema.reports import ClusterReports
 from iqgraph.schema.resolving import StorePlan
@@ -153,23 +154,30 @@ def build_schema(
     *,
     description: str | None = None,
     cache_size: int = DEFAULT_CACHE_SIZE,
+    metrics: GraphQLMetrics | None = None,
+    extensions: Sequence[Callable[[], SchemaExtension]] = (),
 ) -> strawberry.Schema:
     """Return the schema in which every store is a typed root field, next to the metadata fields.
 
     limits sets the documented defaults (page size) and the alias limit; the request context (see
     context_getter) enforces the rest, so give both the same Limits. The parser and validation
-    caches keep the last cache_size distinct documents.
+    caches keep the last cache_size distinct documents. With metrics, every request is counted and
+    timed (schema.metrics); extensions (e.g. tracing) are added after the built-in ones.
     """
     settled = limits or Limits()
     plans = plan_stores(stores, settled)
     fields = [*(_store_field(p) for p in plans.values()), *metadata_fields(plans), *internal_fields()]
     query = object_type("Query", fields, description)
     alias_rule = settled.alias_rule()  # one class for every request, so the validation cache hits
-    extensions: list[Callable[[], SchemaExtension]] = [
+    installed: list[Callable[[], SchemaExtension]] = [
         ErrorCodes,
         ClusterReports,
         lambda: AddValidationRules([alias_rule]),
         lambda: ParserCache(maxsize=cache_size),
         lambda: ValidationCache(maxsize=cache_size),
+        *extensions,
     ]
-    return IqGraphSchema(query=query, extensions=extensions, config=StrawberryConfig(scalar_map=SCALARS))
+    if metrics is not None:  # first: its operation hook ends last, timing and seeing the final errors
+        store_fields = {p.field: name for name, p in plans.items()}
+        installed.insert(0, lambda: MetricsExtension(metrics, store_fields, frozenset(plans)))
+    return IqGraphSchema(query=query, extensions=installed, config=StrawberryConfig(scalar_map=SCALARS))

@@ -4,6 +4,7 @@ A request's ``get``, ``getMany``, ``fetch``, ``mightContain`` and ``mightContain
 through their store's loader, so N such fields make one StoreQueries call per store (which routes the
 keys to partitions and owners). Loaders live in the request context (made by the context getter), never
 at module level: their cache is the request's, and a value is never served from another request.
+``Loaders.observe``, when set (by the metrics extension), hears each batch's store and size.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 #: (key, time_from, time_to) of a window fetch, in epoch milliseconds.
 WindowRequest = tuple[Key, int, int]
 BatchRead = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
+BatchObserver = Callable[[str, int], None]
 
 
 async def load_batch(read: BatchRead, store: str, keys: list[Any]) -> list[Any]:
@@ -40,12 +42,18 @@ class Loaders:
     def __init__(self, queries: StoreQueries) -> None:
         self._queries = queries
         self._loaders: dict[str, DataLoader[Any, Any]] = {}
+        self.observe: BatchObserver | None = None
 
     def _loader(self, store: str, read: BatchRead) -> DataLoader[Any, Any]:
         loader = self._loaders.get(store)
         if loader is None:
-            loader = self._loaders[store] = DataLoader(partial(load_batch, read, store))
+            loader = self._loaders[store] = DataLoader(partial(self._load, read, store))
         return loader
+
+    async def _load(self, read: BatchRead, store: str, keys: list[Any]) -> list[Any]:
+        if self.observe is not None:
+            self.observe(store, len(keys))
+        return await load_batch(read, store, keys)
 
     def values(self, store: str) -> DataLoader[Key, Any]:
         """Return the loader of a key-value store's values (batched into get_many)."""

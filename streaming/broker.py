@@ -119,7 +119,10 @@ class EmbeddedBroker:
         ]
         self._log = tempfile.TemporaryFile(prefix="tansu-")  # closed in stop()
         try:
-            self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)  # noqa: S603
+            # its own session: a terminal's Ctrl-C must not kill the broker before the clients that use it stop
+            self._process = subprocess.Popen(  # noqa: S603 - the packaged binary
+                command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            )
             self._wait_ready(time.monotonic() + self.startup_timeout)
         except OSError as exc:
             self.stop()

@@ -24,7 +24,7 @@ from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.kafka_offsets import KafkaOffsets
 from iqgraph.streaming.kafka_source import KafkaDataSource
-from iqgraph.streaming.sink import StoreSink, mark_running_when_caught_up
+from iqgraph.streaming.sink import BatchObserver, StoreSink, mark_running_when_caught_up
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -91,8 +91,16 @@ class PartitionStatus:
 class StreamRunner:
     """Run, restart and report the streaming queries that keep one node's stores."""
 
-    def __init__(self, app: App, spark: SparkSession, state_dir: StateDirectory, settings: RunnerSettings) -> None:
+    def __init__(
+        self,
+        app: App,
+        spark: SparkSession,
+        state_dir: StateDirectory,
+        settings: RunnerSettings,
+        observer: BatchObserver | None = None,
+    ) -> None:
         self.app = app
+        self.observer = observer  # hears every applied micro-batch (e.g. the node's metrics)
         self.spark = spark
         self.state_dir = state_dir
         self.settings = settings
@@ -137,7 +145,14 @@ class StreamRunner:
     def _start_query(self, topic: str, owned: list[int]) -> StreamingQuery:
         stores = self.partitions[topic]
         starting = {p: stores[p].db.next_offset() for p in owned}
-        sink = StoreSink(self.app, self.app.topic(topic), dict(stores), self._dead_letters(), self._committed(topic))
+        sink = StoreSink(
+            self.app,
+            self.app.topic(topic),
+            dict(stores),
+            self._dead_letters(),
+            self._committed(topic),
+            observer=self.observer,
+        )
         self._sinks.append(sink)
         checkpoint = Path(tempfile.mkdtemp(prefix=f"iqgraph-{self.app.name}-{topic}-"))
         self._checkpoints.append(checkpoint)

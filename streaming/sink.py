@@ -6,7 +6,8 @@ one Arrow transfer, and merge each partition's share into its database in ONE Wr
 its new next offset (invariant 1). Bad records are counted per store, logged with topic/partition/offset
 and sent to the dead-letter topic when one is configured (before the commit: at least once there).
 Records whose key the producers' partitioner would send to another partition are counted and warned
-about: routing could not find them (invariant 4).
+about: routing could not find them (invariant 4). An optional observer hears what each applied batch
+did (BatchReport: duration, records, bad records per store), e.g. the node's metrics.
 """
 
 from __future__ import annotations
@@ -49,6 +50,27 @@ class PartitionBatch:
     bad: list[tuple[str | None, dict[str, Any]]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class BatchReport:
+    """What one micro-batch of a topic did, as the sink's observer hears it."""
+
+    topic: str
+    duration_s: float  # Spark job and merge
+    records: int  # offsets applied, over every partition (= records, unless compaction left gaps)
+    bad: Mapping[str, int]  # bad records counted, per store
+
+
+BatchObserver = Callable[[BatchReport], None]
+
+
+@dataclass
+class Applied:
+    """What apply() merged: records (offsets) and bad records per store, of slices not applied before."""
+
+    records: int = 0
+    bad: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
 def _parse(table: pa.Table) -> dict[int, PartitionBatch]:
     columns = [table.column(name).to_pylist() for name in table.schema.names]
     batches: dict[int, PartitionBatch] = defaultdict(PartitionBatch)
@@ -79,6 +101,7 @@ class StoreSink:
         dead_letters: DeadLetterQueue | None = None,
         on_commit: Callable[[int, int], None] | None = None,
         tasks: int = 2,
+        observer: BatchObserver | None = None,
     ) -> None:
         self.app = app
         self.topic = topic
@@ -87,6 +110,7 @@ class StoreSink:
         self.dead_letters = dead_letters
         self.on_commit = on_commit
         self.tasks = tasks
+        self.observer = observer
         self._schema = None
         self._partition_of: dict[Any, int] = {}
         self._lock = threading.Lock()
@@ -106,8 +130,10 @@ class StoreSink:
                 log.info("batch %d of %s abandoned: the query is stopping", batch_id, self.topic.name)
                 return
             computed = time.perf_counter()
-            if table.num_rows:
-                self.apply(_parse(table))
+            applied = self.apply(_parse(table)) if table.num_rows else Applied()
+            if self.observer is not None:
+                duration = time.perf_counter() - started
+                self.observer(BatchReport(self.topic.name, duration, applied.records, dict(applied.bad)))
             log.info(
                 "batch %d of %s: %d partial rows, spark %.0f ms, merge %.0f ms",
                 batch_id,
@@ -143,8 +169,9 @@ class StoreSink:
         times = {p: s.window(store.name).stream_time() for p, s in self.partitions.items()}
         return {p: t for p, t in times.items() if t is not None}
 
-    def apply(self, batches: Mapping[int, PartitionBatch]) -> None:
+    def apply(self, batches: Mapping[int, PartitionBatch]) -> Applied:
         """Merge each partition's share of a batch into its database, with its offsets, atomically."""
+        applied = Applied()
         for partition, batch in sorted(batches.items()):
             stores = self.partitions.get(partition)
             if stores is None or batch.last_offset < 0:
@@ -163,12 +190,18 @@ class StoreSink:
             if tx is None:
                 continue
             with tx:
-                self._merge(tx, stores, partition, batch)
+                bad = self._merge(tx, stores, partition, batch)
+            applied.records += batch.last_offset + 1 - max(start, batch.first_offset)
+            for store, count in bad.items():
+                applied.bad[store] += count
             if self.on_commit is not None:
                 self.on_commit(partition, batch.last_offset + 1)
+        return applied
 
-    def _merge(self, tx: PartitionTransaction, stores: PartitionStores, partition: int, batch: PartitionBatch) -> None:
-        self._record_bad(tx, partition, batch.bad)
+    def _merge(
+        self, tx: PartitionTransaction, stores: PartitionStores, partition: int, batch: PartitionBatch
+    ) -> dict[str, int]:
+        bad = self._record_bad(tx, partition, batch.bad)
         for store in self.stores:
             items = batch.partials.get(store.name, [])
             keys = self._keys(store, items)
@@ -182,6 +215,7 @@ class StoreSink:
                 stores.window(store.name).merge(tx, window_items, stream_time, batch.late.get(store.name, 0))
             else:
                 stores.bloom(store.name).add(tx, keys)
+        return bad
 
     def _keys(self, store: StoreDefinition, items: list[tuple[Any, int | None, Any, int]]) -> list[Any]:
         if store.resolved_key_type(self.topic) == "int":
@@ -215,11 +249,13 @@ class StoreSink:
 
     def _record_bad(
         self, tx: PartitionTransaction, partition: int, bad: list[tuple[str | None, dict[str, Any]]]
-    ) -> None:
+    ) -> dict[str, int]:
+        counted: dict[str, int] = defaultdict(int)
         for store_name, info in bad:
             targets = [store_name] if store_name else [s.name for s in self.stores]
             for name in targets:
                 tx.increment(f"bad:{name}", 1)
+                counted[name] += 1
             log.warning(
                 "bad record %s-%s@%s: %s (stores: %s)",
                 self.topic.name,
@@ -234,6 +270,7 @@ class StoreSink:
                 self.dead_letters.send(key, value, info["error"], (self.topic.name, partition, info["offset"]))
         if bad and self.dead_letters is not None:
             self.dead_letters.flush()
+        return counted
 
 
 def mark_running_when_caught_up(stores: PartitionStores, target: int) -> None:

@@ -13,10 +13,34 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from iqgraph.streaming.broker import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One scrape of a node's /metrics (Prometheus text format): each sample's value by name and labels."""
+
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+    def value(self, name: str, **labels: str) -> float:
+        """Return the sample's value, 0 when the node has not reported it."""
+        return self.samples.get((name, frozenset(labels.items())), 0.0)
+
+    def labels(self, name: str) -> list[dict[str, str]]:
+        """Return the label sets of every sample called name."""
+        return [dict(labels) for sample, labels in self.samples if sample == name]
+
+
+def scrape(url: str) -> Scrape:
+    """Return the parsed /metrics of the node at url."""
+    response = httpx.get(f"{url}/metrics", timeout=10)
+    response.raise_for_status()
+    families = text_string_to_metric_families(response.text)
+    return Scrape({(s.name, frozenset(s.labels.items())): s.value for f in families for s in f.samples})
 
 
 @dataclass
@@ -35,9 +59,8 @@ class NodeProcess:
         result: dict[str, Any] = response.json()
         return result
 
-    def metrics(self) -> dict[str, Any]:
-        result: dict[str, Any] = httpx.get(f"{self.url}/metrics", timeout=10).json()
-        return result
+    def metrics(self) -> Scrape:
+        return scrape(self.url)
 
     def kill(self) -> None:
         if self.process.poll() is None:

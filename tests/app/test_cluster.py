@@ -91,10 +91,10 @@ def test_a_thousand_keys_make_one_forwarded_request_per_peer(cluster: Any) -> No
     nodes, truth, _ = cluster
     keys = sorted(truth.kv["order_count"]) + [f"nobody-{i}" for i in range(1000)]
     keys = keys[:1000]
-    before = [n.metrics()["forwarded_received"].get("node-0", 0) for n in nodes]
+    before = [n.metrics().value("iqgraph_forwarded_received_total", peer="node-0") for n in nodes]
     body = nodes[0].post(GET_MANY, {"k": keys})
     assert "errors" not in body
-    after = [n.metrics()["forwarded_received"].get("node-0", 0) for n in nodes]
+    after = [n.metrics().value("iqgraph_forwarded_received_total", peer="node-0") for n in nodes]
     assert [a - b for a, b in zip(after, before, strict=True)] == [0, 1, 1]
 
 

@@ -1,5 +1,5 @@
 """Codegen round trip: the SDL printed by `iqgraph schema` loads with graphql-core and validates the
-example queries of the README and of the demo."""
+example queries of the README and the one `iqgraph dev` generates for any app."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 from graphql import GraphQLSchema, build_schema, parse, validate
 
-from iqgraph.app.demo import EXAMPLE_QUERIES
+from iqgraph.app.example_query import example_query, sample_keys
+from iqgraph.examples import shop
+from iqgraph.examples import weblog as weblog_example
+from iqgraph.streaming.definitions import App
 from tests.app.test_cli import iqgraph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,9 +29,11 @@ def _readme_queries() -> list[str]:
     return re.findall(r"```graphql\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
 
 
-def _demo_queries() -> list[str]:
-    blocks = re.split(r"\n\s*\n", EXAMPLE_QUERIES.strip())
-    return ["\n".join(line for line in block.splitlines() if not line.startswith("#")) for block in blocks]
+def _generated_query(schema: GraphQLSchema, app: App) -> str:
+    assert app.generator is not None
+    events = app.generator(7, 1_767_225_600_000)
+    samples = [(app.topics[0].name, key, value) for (key, value), _ in zip(events, range(50), strict=False)]
+    return example_query(schema, app, sample_keys(app, samples))
 
 
 def _assert_valid(schema: GraphQLSchema, query: str) -> None:
@@ -40,12 +45,21 @@ def test_the_printed_sdl_is_the_snapshot(shop_sdl: str) -> None:
     assert shop_sdl.strip() == (ROOT / "tests/schema/snapshots/shop.graphql").read_text().strip()
 
 
-def test_readme_and_demo_queries_validate_against_the_printed_sdl(shop_sdl: str) -> None:
+def test_readme_queries_validate_against_the_printed_sdl(shop_sdl: str) -> None:
     schema = build_schema(shop_sdl)
-    queries = _readme_queries() + _demo_queries()
-    assert len(_readme_queries()) >= 2 and len(_demo_queries()) == 3
-    for query in queries:
+    assert len(_readme_queries()) >= 2
+    for query in _readme_queries():
         _assert_valid(schema, query)
+
+
+def test_the_generated_example_query_reads_every_store_and_validates(shop_sdl: str) -> None:
+    query = _generated_query(build_schema(shop_sdl), shop.app)
+    _assert_valid(build_schema(shop_sdl), query)
+    assert 'orderCount { get(key: "customer-' in query
+    assert "latestOrder { get(key: " in query and "orderId" in query  # an object value selects its scalars
+    assert "ordersPerMinute { fetch(key: " in query and "start end value" in query
+    assert 'itemsSold { mightContain(key: "' in query  # keyed by the item column, not the record key
+    assert query.count("(key:") == len(shop.app.stores)
 
 
 def test_the_sdl_of_two_apps_differ() -> None:
@@ -53,3 +67,4 @@ def test_the_sdl_of_two_apps_differ() -> None:
     assert weblog.returncode == 0, weblog.stderr
     schema = build_schema(weblog.stdout)
     assert "accessCount" in schema.query_type.fields and "orderCount" not in schema.query_type.fields
+    _assert_valid(schema, _generated_query(schema, weblog_example.app))

@@ -1,0 +1,254 @@
+"""``iqgraph dev``: any app on the embedded broker, fed, served by 1 or N nodes, with GraphiQL.
+
+One line per step: start the broker, create the app's topics, feed them (the app's generator, a JSON-lines
+file, or nothing — then the exact ``iqgraph produce`` line to use), start the nodes, print their GraphiQL
+URLs and an example query built from the served schema. Ctrl-C (or ``--duration``) stops the feed, then
+the nodes, then the broker: the broker and the node processes run in process groups of their own, so the
+terminal's Ctrl-C reaches only this process, which stops them in that order. ``iqgraph demo`` is
+``iqgraph dev`` with the shop example.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from iqgraph.app.data_file import BadLine, read_records
+from iqgraph.app.example_query import INTROSPECTION, example_query, sample_keys, schema_from_introspection
+from iqgraph.app.loading import load_app
+from iqgraph.app.producer import ONE_RECORD_PER_REQUEST, produce_events, produce_records, producer_config
+from iqgraph.app.topics import create_topics
+from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.streaming.definitions import App
+
+DEMO_APP = "iqgraph.examples.shop:app"
+HISTORY = 3_000  # generated events produced before the nodes start, so that the first queries find data
+SAMPLES = 200  # records looked at for the example query's keys
+READY_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    """What ``iqgraph dev`` runs."""
+
+    app: str
+    nodes: int = 1
+    data: Path | None = None
+    rate: float = 200.0
+    port: int = 8000
+    state_dir: Path | None = None
+    duration: float = 0.0
+    prefix: str = "iqgraph dev"
+
+
+class DevError(RuntimeError):
+    """The dev run cannot go on; the message says why and where to look."""
+
+
+def run_dev(options: DevOptions) -> int:
+    """Run the app until Ctrl-C or the duration; return the exit code."""
+    app = load_app(options.app)
+    if options.nodes < 1:
+        raise DevError("--nodes must be at least 1")
+    if options.data is not None and not options.data.is_file():
+        raise DevError(f"--data {options.data}: no such file")
+    root = options.state_dir or Path(tempfile.mkdtemp(prefix="iqgraph-dev-"))
+    root.mkdir(parents=True, exist_ok=True)
+    run = DevRun(app, options, root)
+    try:
+        run.start()
+        run.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan the nodes or the broker
+        run.stop()
+    return 0
+
+
+class DevRun:
+    """The broker, the feed and the node processes of one dev run, started and stopped in order."""
+
+    def __init__(self, app: App, options: DevOptions, root: Path) -> None:
+        self.app = app
+        self.options = options
+        self.root = root
+        self.broker = EmbeddedBroker()
+        self.nodes: list[NodeProcess] = []
+        self.feed: threading.Thread | None = None
+        self.stop_feed = threading.Event()
+        self.samples: list[tuple[str, Any, Any]] = []
+
+    def say(self, message: str) -> None:
+        """Print one step."""
+        print(f"{self.options.prefix}: {message}", flush=True)
+
+    def start(self) -> None:
+        """Start the broker, create and feed the topics, start the nodes and print where to query."""
+        self.broker.start()
+        self.say(f"broker at {self.broker.bootstrap_servers} (state and logs in {self.root})")
+        created = create_topics({"bootstrap.servers": self.broker.bootstrap_servers}, self.app)
+        self.say("created topics " + ", ".join(f"{t.name} ({t.partitions} partitions)" for t in self.app.topics
+                                               if t.name in created))  # fmt: skip
+        self._feed()
+        self.nodes = [self._start_node(i) for i in range(self.options.nodes)]
+        self.say(f"starting {len(self.nodes)} node(s); each starts Spark, which takes a few seconds")
+        self._wait_ready()
+        for node in self.nodes:
+            self.say(f"GraphiQL at {node.url}/graphql ({node.id})")
+        if self.feed is not None:
+            self.feed.start()
+        self._print_example()
+        self.say("Ctrl-C stops everything")
+
+    def wait(self) -> None:
+        """Return after the duration, when a node exits, or on Ctrl-C (KeyboardInterrupt)."""
+        deadline = time.monotonic() + self.options.duration if self.options.duration > 0 else None
+        while deadline is None or time.monotonic() < deadline:
+            for node in self.nodes:
+                if node.process.poll() is not None:
+                    raise DevError(f"{node.id} exited with code {node.process.returncode}; see {node.log}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        """Stop the feed, then the nodes, then the broker; one line per step."""
+        if self.feed is not None and self.feed.is_alive():
+            self.say("stopping the producer")
+            self.stop_feed.set()
+            self.feed.join(timeout=30)
+        for node in self.nodes:
+            if node.process.poll() is None:
+                self.say(f"stopping {node.id}")
+                node.stop()
+        self.say("stopping the broker")
+        self.broker.stop()
+        self.say("stopped")
+
+    def _config(self) -> dict[str, Any]:
+        return producer_config(self.app, self.broker.bootstrap_servers, ONE_RECORD_PER_REQUEST)
+
+    def _feed(self) -> None:
+        if self.options.data is not None:
+            self._produce_file(self.options.data)
+        elif self.app.generator is not None:
+            self._produce_generated()
+        else:
+            topic = self.app.topics[0].name
+            self.say(
+                f"no data: the app has no generator and no --data file was given. Produce JSON lines into {topic!r}"
+                f" with:\n  iqgraph produce --app {self.options.app} --bootstrap-servers "
+                f"{self.broker.bootstrap_servers} --one-record-per-request --file data.jsonl"
+            )
+
+    def _produce_file(self, path: Path) -> None:
+        with path.open() as lines:
+            sent, bad = produce_records(self._config(), read_records(lines, self.app), self._bad_line)
+        self.say(f"produced {sent} records from {path}" + (f"; skipped {bad} bad lines" if bad else ""))
+        default_topic = self.app.topics[0].name
+        with path.open() as lines:
+            for line in itertools.islice(lines, SAMPLES):
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    raw = orjson.loads(line)
+                    if isinstance(raw, dict):
+                        self.samples.append((raw.get("topic", default_topic), raw.get("key"), raw.get("value")))
+
+    def _bad_line(self, bad: BadLine) -> None:
+        self.say(f"skipped {self.options.data}: {bad}")
+
+    def _produce_generated(self) -> None:
+        assert self.app.generator is not None  # noqa: S101 - checked by the caller
+        start_ms = int(time.time() * 1000) - HISTORY * 20
+        topic = self.app.topics[0].name
+        events = self.app.generator(7, start_ms)
+        self.samples = [(topic, key, value) for (key, value), _ in zip(events, range(SAMPLES), strict=False)]
+        produce_events(self.app, self._config(), count=HISTORY, rate=None, seed=7, start_ms=start_ms)
+        self.say(f"produced {HISTORY} generated events into {topic!r}; {self.options.rate:g}/s more once serving")
+        self.feed = threading.Thread(
+            target=produce_events,
+            args=(self.app, self._config()),
+            kwargs={"count": None, "rate": self.options.rate, "seed": 8, "stop": self.stop_feed},
+            name="dev-producer",
+            daemon=True,
+        )
+
+    def _start_node(self, index: int) -> NodeProcess:
+        port = self.options.port + index
+        node_id = f"node-{index}"
+        flags = ["--node-id", node_id, "--port", str(port), "--state-dir", str(self.root / node_id)]
+        if self.options.nodes > 1:
+            peers = ",".join(f"node-{i}=http://127.0.0.1:{self.options.port + i}" for i in range(self.options.nodes))
+            flags += ["--peers", peers, "--standbys", "1", "--max-lag", "100000", "--spark-master", "local[1]",
+                      "--driver-memory", "768m"]  # fmt: skip
+        else:
+            flags += ["--spark-master", "local[2]"]
+        bootstrap = self.broker.bootstrap_servers
+        command = [sys.executable, "-m", "iqgraph.app.cli", "serve", "--app", self.options.app,
+                   "--bootstrap-servers", bootstrap, "--max-records-per-batch", "20000", *flags]  # fmt: skip
+        log = self.root / f"{node_id}.log"
+        with log.open("wb") as out:
+            # its own session: the terminal's Ctrl-C reaches only this process, which stops the nodes in order
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # noqa: S603
+        return NodeProcess(node_id, f"http://127.0.0.1:{port}", process, log)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        pending = list(self.nodes)
+        while pending:
+            for node in list(pending):
+                if node.process.poll() is not None:
+                    raise DevError(f"{node.id} exited with code {node.process.returncode}:\n{node.tail()}")
+                if node.ready():
+                    pending.remove(node)
+                    self.say(f"{node.id} is ready")
+            if pending and time.monotonic() > deadline:
+                raise DevError(f"not ready after {READY_TIMEOUT_S:.0f} s: {[n.id for n in pending]}; see {self.root}")
+            time.sleep(0.5)
+
+    def _print_example(self) -> None:
+        response = httpx.post(f"{self.nodes[0].url}/graphql", json={"query": INTROSPECTION}, timeout=30)
+        schema = schema_from_introspection(response.json()["data"])
+        query = example_query(schema, self.app, sample_keys(self.app, self.samples))
+        self.say("an example query to paste into GraphiQL:\n" + query)
+
+
+@dataclass
+class NodeProcess:
+    """One ``iqgraph serve`` process of the run."""
+
+    id: str
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def ready(self) -> bool:
+        """Return whether the node answers /readyz with 200 (every partition queryable)."""
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        """Stop the node as Ctrl-C would (it drains requests, stops its queries, closes RocksDB); kill if stuck."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def tail(self, lines: int = 20) -> str:
+        """Return the end of the node's log."""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,220 @@
+"""A node's Prometheus metrics: every metric's definition, in one registry per node, served at /metrics.
+
+The node makes one ``NodeMetrics`` and hands its parts to what observes: the GraphQL schema
+(``graphql``: requests, latency, errors, keys per lookup), the peer client (forwarded requests sent and
+peer errors), the ASGI server (forwarded requests received) and the streaming sink (micro-batches and
+bad records). Partition states, lag and restore progress already live in the node's stores: a
+Collector reads them at scrape time. A registry per node, not the global one: several nodes and
+schemas live in one process in tests.
+
+Metrics (all prefixed ``iqgraph_``)::
+
+    graphql_requests_total{field,store}              counter    per root field of each request
+    graphql_request_duration_seconds{field,store}    histogram  the request's duration, per root field
+    graphql_errors_total{code}                       counter    errors returned, by extensions.code
+    lookup_keys{store}                               histogram  keys per batched lookup (DataLoader batch)
+    forwarded_sent_total{peer}                       counter    sub-requests sent to a peer
+    forwarded_received_total{peer}                   counter    forwarded sub-requests received
+    peer_errors_total{peer,code}                     counter    sub-requests a peer failed or answered with an error
+    batch_duration_seconds{topic}                    histogram  micro-batch: Spark job + merge into the stores
+    batch_records{topic}                             histogram  records (offsets) applied per micro-batch
+    bad_records_total{store}                         counter    bad records counted (invariant 7)
+    node_state{state}                                gauge      1 for the node's current state
+    partitions{role,state}                           gauge      hosted partitions
+    partition_lag_records{topic,partition,role}      gauge      records the partition's stores are behind
+    partition_applied_offset{topic,partition}        gauge      next offset to apply
+    partition_end_offset{topic,partition}            gauge      the topic's end offset
+    restore_remaining_records                        gauge      records left to apply by partitions not RUNNING
+
+The ``peer`` label is a node id of the cluster map, or ``unknown``. Peers do not authenticate yet, so the
+forwarded header a request carries is a claim anyone can make: it names the label only when it is a
+member's id (bounded cardinality), and until peers authenticate, a client can still inflate a real
+member's count by sending its id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from iqgraph.schema.metrics import GraphQLMetrics, metric_code
+from iqgraph.stores import PartitionState
+from iqgraph.streaming.kafka_offsets import KafkaSourceError
+
+if TYPE_CHECKING:
+    from strawberry.extensions import SchemaExtension
+
+    from iqgraph.app.membership import Member
+    from iqgraph.schema.types import NodeInfo
+    from iqgraph.streaming.sink import BatchReport
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_PEER = "unknown"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+KEYS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000)
+BATCH_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+BATCH_RECORDS_BUCKETS = (1, 10, 100, 1_000, 10_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
+
+Members = Callable[[], Mapping[str, "Member"]]
+NodeView = Callable[[], "NodeInfo | None"]
+
+
+class NodeMetrics:
+    """Every metric of one node, in its own registry; the observers the node's parts call."""
+
+    def __init__(self, members: Members, node: NodeView, state: Callable[[], str]) -> None:
+        self.registry = CollectorRegistry()
+        self._members = members
+        registry = self.registry
+        self.graphql = GraphQLMetrics(
+            Counter(
+                "iqgraph_graphql_requests", "GraphQL requests, per root field", ["field", "store"], registry=registry
+            ),
+            Histogram(
+                "iqgraph_graphql_request_duration_seconds",
+                "GraphQL request duration, per root field",
+                ["field", "store"],
+                registry=registry,
+                buckets=LATENCY_BUCKETS,
+            ),
+            Counter(
+                "iqgraph_graphql_errors", "GraphQL errors returned, by extensions.code", ["code"], registry=registry
+            ),
+            Histogram(
+                "iqgraph_lookup_keys", "Keys per batched lookup", ["store"], registry=registry, buckets=KEYS_BUCKETS
+            ),
+        )
+        self.sent = Counter("iqgraph_forwarded_sent", "Forwarded sub-requests sent", ["peer"], registry=registry)
+        self.received = Counter(
+            "iqgraph_forwarded_received", "Forwarded sub-requests received", ["peer"], registry=registry
+        )
+        self.peer_errors = Counter(
+            "iqgraph_peer_errors", "Forwarded sub-requests that failed, by code", ["peer", "code"], registry=registry
+        )
+        self.batch_duration = Histogram(
+            "iqgraph_batch_duration_seconds",
+            "Micro-batch duration: Spark job and merge into the stores",
+            ["topic"],
+            registry=registry,
+            buckets=BATCH_SECONDS_BUCKETS,
+        )
+        self.batch_records = Histogram(
+            "iqgraph_batch_records",
+            "Records (offsets) applied per micro-batch",
+            ["topic"],
+            registry=registry,
+            buckets=BATCH_RECORDS_BUCKETS,
+        )
+        self.bad_records = Counter("iqgraph_bad_records", "Bad records counted", ["store"], registry=registry)
+        registry.register(NodeStateCollector(node, state))
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+
+    def peer_of_id(self, node_id: str | None) -> str:
+        """Return node_id as a peer label: itself when it is a member's id, else ``unknown``."""
+        return node_id if node_id is not None and node_id in self._members() else UNKNOWN_PEER
+
+    def peer_of_url(self, url: str) -> str:
+        """Return the id of the member at url as a peer label, else ``unknown``."""
+        return next((m.id for m in self._members().values() if m.url == url), UNKNOWN_PEER)
+
+    def forwarded_received(self, claimed: str | None) -> None:
+        """Count a forwarded request whose forwarded header says it comes from claimed (unauthenticated)."""
+        self.received.labels(self.peer_of_id(claimed)).inc()
+
+    def sent_to(self, url: str) -> None:
+        """Count a sub-request sent to the peer at url."""
+        self.sent.labels(self.peer_of_url(url)).inc()
+
+    def failed(self, url: str, code: str) -> None:
+        """Count a sub-request the peer at url failed (NODE_UNAVAILABLE) or answered with an error code."""
+        self.peer_errors.labels(self.peer_of_url(url), metric_code(code)).inc()
+
+    def batch_applied(self, report: BatchReport) -> None:
+        """Record one applied micro-batch (the streaming sink's observer)."""
+        self.batch_duration.labels(report.topic).observe(report.duration_s)
+        self.batch_records.labels(report.topic).observe(report.records)
+        for store, count in report.bad.items():
+            self.bad_records.labels(store).inc(count)
+
+
+class NodeStateCollector:
+    """Collect, at scrape time, the node's state and its partitions' states, offsets, lag and restore progress."""
+
+    def __init__(self, node: NodeView, state: Callable[[], str]) -> None:
+        self._node = node
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the node and partition gauges (partition gauges only once the node hosts partitions)."""
+        current = self._state()
+        states = GaugeMetricFamily("iqgraph_node_state", "1 for the node's current state", labels=["state"])
+        states.add_metric([current], 1)
+        yield states
+        try:
+            info = self._node()
+        except KafkaSourceError as exc:  # the end offsets come from Kafka: a scrape must not fail with it
+            log.warning("partition metrics left out of this scrape: %s", exc)
+            return
+        if info is not None:
+            yield from partition_metrics(info)
+
+
+def partition_metrics(info: NodeInfo) -> Iterator[Metric]:
+    """Yield the gauges of info's partitions: count per role and state, lag, offsets, restore progress."""
+    counts = GaugeMetricFamily("iqgraph_partitions", "Hosted partitions, by role and state", labels=["role", "state"])
+    lag = GaugeMetricFamily(
+        "iqgraph_partition_lag_records",
+        "Records the partition's stores are behind",
+        labels=["topic", "partition", "role"],
+    )
+    applied = GaugeMetricFamily(
+        "iqgraph_partition_applied_offset", "Next offset to apply", labels=["topic", "partition"]
+    )
+    end = GaugeMetricFamily("iqgraph_partition_end_offset", "The topic's end offset", labels=["topic", "partition"])
+    tally: dict[tuple[str, str], int] = {(role, s.value): 0 for role in ("active", "standby") for s in PartitionState}
+    remaining = 0
+    for p in info.partitions:
+        tally[(p.role, p.state)] = tally.get((p.role, p.state), 0) + 1
+        lag.add_metric([p.topic, str(p.partition), p.role], p.lag)
+        applied.add_metric([p.topic, str(p.partition)], p.applied_offset)
+        end.add_metric([p.topic, str(p.partition)], p.end_offset)
+        if p.state != PartitionState.RUNNING.value:
+            remaining += p.lag
+    for (role, state), count in sorted(tally.items()):
+        counts.add_metric([role, state], count)
+    restore = GaugeMetricFamily(
+        "iqgraph_restore_remaining_records", "Records left to apply by partitions not yet RUNNING", value=remaining
+    )
+    yield from (counts, lag, applied, end, restore)
+
+
+def tracing_extensions(enabled: bool) -> list[Callable[[], SchemaExtension]]:
+    """Return strawberry's OpenTelemetry extension when tracing is enabled and the SDK is installed.
+
+    Spans go to the globally configured tracer provider (e.g. set up by ``opentelemetry-instrument``
+    from the OTEL_* environment). The extension wraps every resolver, so it costs on each field.
+    """
+    if not enabled:
+        return []
+    if importlib.util.find_spec("opentelemetry") is None or importlib.util.find_spec("opentelemetry.sdk") is None:
+        log.warning("tracing is on but the opentelemetry SDK is not installed: pip install opentelemetry-sdk")
+        return []
+    from strawberry.extensions.tracing import OpenTelemetryExtension
+
+    return [OpenTelemetryExtension]
+
+
+def scrape(metrics: NodeMetrics) -> bytes:
+    """Return the node's metrics in the Prometheus text exposition format."""
+    return generate_latest(metrics.registry)

@@ -1,0 +1,248 @@
+"""The front door as a new user meets it: their own project (an `app/` package, a `schema.py`), a JSON-lines
+file, `iqgraph produce --file`, `iqgraph serve --create-topics`, `iqgraph dev` and a clean Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from iqgraph.streaming.broker import EmbeddedBroker, free_port
+from iqgraph.streaming.partitioner import partition_for
+from tests.app.test_cli import iqgraph
+from tests.conftest import MakeTopic
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+PARTITIONS = 9
+HOTELS = ["alpine", "beach", "city", "dune"]
+
+
+def readme_app() -> str:
+    """Return the app the README's "Your own app" walk-through tells a new user to write."""
+    section = README.read_text().split("## Your own app", 1)[1]
+    return textwrap.dedent(re.search(r"```python\n(.*?)```", section, flags=re.S).group(1))  # type: ignore[union-attr]
+
+
+def write_project(home: Path, topic: str) -> None:
+    """Write a user's project: the README's app as `app/main.py` (FastAPI's usual layout), and a `schema.py`."""
+    (home / "app").mkdir(parents=True)
+    (home / "app" / "__init__.py").write_text("")
+    (home / "schema.py").write_text('BOOKING = "guest STRING, hotel STRING, nights LONG, amount DOUBLE"\n')
+    app_name = 'name="bookings"'
+    code = readme_app().replace(app_name, "NAME").replace('"bookings"', repr(topic)).replace("NAME", app_name)
+    # the user's own schema.py is importable beside iqgraph's schema package
+    check = "\nfrom schema import BOOKING\n\nassert app.topics[0].schema == BOOKING\n"
+    (home / "app" / "main.py").write_text(code + check)
+
+
+def write_data(path: Path, count: int, bad_line_at: int | None = None) -> list[dict]:
+    """Write count bookings as JSON lines (one bad line inserted where asked); return the good records."""
+    records = []
+    for i in range(count):
+        guest = f"guest-{i % 37:03d}"
+        value = {"guest": guest, "hotel": HOTELS[i % 4], "nights": 1 + i % 5, "amount": 100.0 + i}
+        records.append({"key": guest, "value": value, "timestamp": 1_767_225_600_000 + i})
+    lines = [json.dumps(r) for r in records]
+    if bad_line_at is not None:
+        lines.insert(bad_line_at - 1, '{"key": "guest-x", "value": ')
+    path.write_text("\n".join(lines) + "\n")
+    return records
+
+
+def read_topic(bootstrap: str, topic: str, expected: int) -> list[tuple[int, str, int]]:
+    """Return (partition, key, timestamp) of expected records of topic."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}", "enable.partition.eof": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    seen: list[tuple[int, str, int]] = []
+    deadline = time.monotonic() + 30
+    while len(seen) < expected and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            seen.append((message.partition(), message.key().decode(), message.timestamp()[1]))
+    consumer.close()
+    return seen
+
+
+def test_a_users_app_package_and_schema_module_load_beside_iqgraph(tmp_path: Path) -> None:
+    write_project(tmp_path, "bookings")
+    result = iqgraph("schema", "--app", "app.main:app", cwd=tmp_path, env={"PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr
+    assert "bookingsPerGuest: BookingsPerGuestStore!" in result.stdout
+    assert "hotelsBooked: HotelsBookedStore!" in result.stdout
+
+
+def test_produce_file_routes_like_the_app_and_reports_bad_lines(
+    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(PARTITIONS, prefix="bookings")
+    write_project(tmp_path, topic)
+    records = write_data(tmp_path / "data.jsonl", 120, bad_line_at=3)
+    result = iqgraph("produce", "--app", "app.main:app", "--file", "data.jsonl", "--one-record-per-request",
+                     "--bootstrap-servers", broker.bootstrap_servers, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1, result  # a bad line is reported, not silently dropped
+    assert "line 3: not JSON" in result.stderr and "Traceback" not in result.stderr
+    assert "produced 120 records from data.jsonl; skipped 1 bad lines" in result.stdout
+    seen = read_topic(broker.bootstrap_servers, topic, 120)
+    assert len(seen) == 120
+    for partition, key, _ in seen:  # every key where murmur2 (the routing default) looks for it
+        assert partition == partition_for(key, PARTITIONS, "string", "murmur2")
+    assert sorted(ts for _, _, ts in seen) == sorted(r["timestamp"] for r in records)
+
+
+def test_produce_reads_stdin_and_says_what_an_app_without_generator_needs(
+    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(PARTITIONS, prefix="bookings")
+    write_project(tmp_path, topic)
+    no_file = iqgraph("produce", "--app", "app.main:app", "--bootstrap-servers", broker.bootstrap_servers, cwd=tmp_path)
+    assert no_file.returncode == 2 and "pass --file data.jsonl" in no_file.stderr
+    write_data(tmp_path / "data.jsonl", 30)
+    result = subprocess.run(
+        [sys.executable, "-m", "iqgraph.app.cli", "produce", "--app", "app.main:app", "--file", "-",
+         "--one-record-per-request", "--bootstrap-servers", broker.bootstrap_servers],
+        cwd=tmp_path, stdin=(tmp_path / "data.jsonl").open(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert len(read_topic(broker.bootstrap_servers, topic, 30)) == 30
+
+
+def test_serve_create_topics_creates_the_missing_input_topics(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    topic = f"bookings-new-{time.monotonic_ns()}"
+    write_project(tmp_path, topic)
+    command = [sys.executable, "-m", "iqgraph.app.cli", "serve", "--app", "app.main:app", "--create-topics",
+               "--bootstrap-servers", broker.bootstrap_servers, "--port", str(free_port()),
+               "--state-dir", str(tmp_path / "state"), "--spark-master", "local[1]"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert first.strip() == f"iqgraph: created topic {topic} ({PARTITIONS} partitions)", first
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    topics = broker.admin().list_topics(timeout=5).topics
+    assert len(topics[topic].partitions) == PARTITIONS
+
+
+class DevProcess:
+    """`iqgraph dev` in a process group of its own, as a terminal runs it, with its output read line by line."""
+
+    def __init__(self, home: Path, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "iqgraph.app.cli", "dev", "--app", "app.main:app", *args],
+            cwd=home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": ""},
+        )  # fmt: skip
+        self.lines: list[str] = []
+
+    def read_until(self, fragment: str, timeout: float = 300) -> str:
+        """Return the first line containing fragment (the output so far is in self.lines)."""
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout
+        for line in self._lines():
+            if fragment in line:
+                return line
+            assert time.monotonic() < deadline, f"no {fragment!r} in time:\n{''.join(self.lines)}"
+        raise AssertionError(f"dev exited before {fragment!r}:\n{''.join(self.lines)}")
+
+    def read_block(self, last: str) -> str:
+        """Return the lines up to and including the line that is last."""
+        block = []
+        for line in self._lines():
+            block.append(line)
+            if line.strip() == last:
+                return "".join(block)
+        raise AssertionError(f"dev exited in a block:\n{''.join(self.lines)}")
+
+    def _lines(self) -> Iterator[str]:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            yield line
+
+    def ctrl_c(self) -> str:
+        """Send SIGINT to the whole process group, as Ctrl-C in a terminal does; return the rest of the output."""
+        os.killpg(self.process.pid, signal.SIGINT)
+        rest, _ = self.process.communicate(timeout=120)
+        self.lines.append(rest)
+        return "".join(self.lines)
+
+
+def closed(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
+@pytest.mark.slow
+def test_dev_serves_a_users_app_from_a_file_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    write_project(tmp_path, "bookings")
+    records = write_data(tmp_path / "data.jsonl", 300)
+    port = free_port()
+    state_dir = tmp_path / "not" / "yet" / "there"
+    dev = DevProcess(tmp_path, "--data", "data.jsonl", "--port", str(port), "--state-dir", str(state_dir))
+    try:
+        broker = re.search(r"broker at (\S+)", dev.read_until("broker at")).group(1)  # type: ignore[union-attr]
+        assert "created topics bookings (9 partitions)" in dev.read_until("created topics")
+        assert "produced 300 records from data.jsonl" in dev.read_until("produced")
+        assert f"GraphiQL at http://127.0.0.1:{port}/graphql" in dev.read_until("GraphiQL at")
+        dev.read_until("an example query")
+        query = dev.read_block("}")
+        dev.read_until("Ctrl-C stops everything")
+        response = httpx.post(f"http://127.0.0.1:{port}/graphql", json={"query": query}, timeout=30).json()
+    except BaseException:
+        os.killpg(dev.process.pid, signal.SIGKILL)
+        raise
+    output = dev.ctrl_c()
+    assert "errors" not in response, response
+    guest = records[0]["key"]
+    mine = [r["value"] for r in records if r["key"] == guest]
+    assert response["data"]["bookingsPerGuest"]["get"] == len(mine)
+    assert response["data"]["spendPerGuest"]["get"] == pytest.approx(sum(v["amount"] for v in mine))
+    assert response["data"]["lastBooking"]["get"]["amount"] == mine[-1]["amount"]
+    assert response["data"]["hotelsBooked"]["mightContain"] is True
+    assert Counter(r["key"] for r in records)[guest] == len(mine)
+    steps = [line.split(": ", 1)[1].strip() for line in output.splitlines() if line.startswith("iqgraph dev: stop")]
+    assert steps == ["stopping node-0", "stopping the broker", "stopped"], output
+    assert dev.process.returncode == 0, output
+    assert "Traceback" not in output and "Connection refused" not in output and "FAIL" not in output, output
+    assert closed(broker) and closed(f"127.0.0.1:{port}")
+    assert (state_dir / "node-0.log").is_file()
+
+
+@pytest.mark.slow
+def test_dev_without_data_prints_the_produce_line_and_ctrl_c_while_starting_stops_cleanly(tmp_path: Path) -> None:
+    write_project(tmp_path, "bookings")
+    dev = DevProcess(tmp_path, "--port", str(free_port()))
+    try:
+        broker = re.search(r"broker at (\S+)", dev.read_until("broker at")).group(1)  # type: ignore[union-attr]
+        dev.read_until("no data")
+        line = dev.read_until("iqgraph produce").strip()
+        dev.read_until("starting 1 node(s)")
+    except BaseException:
+        os.killpg(dev.process.pid, signal.SIGKILL)
+        raise
+    assert line == (
+        f"iqgraph produce --app app.main:app --bootstrap-servers {broker} --one-record-per-request --file data.jsonl"
+    )
+    output = dev.ctrl_c()
+    assert dev.process.returncode == 0, output
+    assert "Traceback" not in output and "Connection refused" not in output, output
+    assert output.rstrip().endswith("iqgraph dev: stopped"), output
+    assert closed(broker)

@@ -1,0 +1,222 @@
+"""GraphiQL offline: the page and its vendored assets in-process, then in headless Chromium cut off from the net.
+
+The browser tests serve what ``build_asgi`` serves for GraphiQL (``graphiql_mount()`` beside the GraphQLApp
+route) from a real uvicorn on loopback; Chromium can reach loopback only (a dead SOCKS proxy and a host
+resolver that resolves nothing), which a control page loading React from a CDN demonstrates.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
+from websockets.sync.client import ClientConnection, connect
+
+from iqgraph.schema import GraphQLApp
+from iqgraph.schema.graphiql import SCRIPTS, STATIC_DIR, STYLESHEETS, graphiql_html, graphiql_mount
+from iqgraph.streaming.broker import free_port
+from tests.schema.apps import SHOP_TYPES, shop_app
+from tests.schema.conftest import Hosted, api_factory
+
+CHROMIUM = "/usr/bin/chromium"
+# Everything but loopback fails: no name resolves, and any proxied connection goes to the discard port.
+OFFLINE = [
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    "--proxy-server=socks5://127.0.0.1:9",
+    "--proxy-bypass-list=127.0.0.1",
+]
+BROWSER = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    *OFFLINE,
+]
+CDN_CONTROL = """<!doctype html><html><body><p id="result">pending</p>
+<script src="https://unpkg.com/react@18.2.0/umd/react.production.min.js"></script>
+<script>document.getElementById("result").textContent = "react is " + typeof React;</script></body></html>"""
+
+
+def served_app(hosted: Hosted) -> Starlette:
+    """Return the GraphiQL part of build_asgi's app: the static mount and the GraphQLApp at /graphql."""
+    api = api_factory(shop_app(), SHOP_TYPES, hosted)()
+
+    async def cdn_control(_: Request) -> HTMLResponse:
+        return HTMLResponse(CDN_CONTROL)
+
+    graphql = GraphQLApp(api.schema, api.queries, api.limits)
+    routes = [graphiql_mount(), Route("/graphql", graphql, methods=["GET", "POST"]), Route("/control", cdn_control)]
+    return Starlette(routes=routes)
+
+
+def assets(page: str) -> dict[str, str]:
+    """Return the URL of each asset page references, with its integrity attribute."""
+    tags = re.findall(r"<(?:script|link)\b[^>]*>", page)
+    return {
+        re.search(r'(?:src|href)="([^"]+)"', tag)[1]: re.search(r'integrity="([^"]+)"', tag)[1]  # type: ignore[index]
+        for tag in tags
+        if re.search(r'(?:src|href)="(?!data:)', tag)
+    }
+
+
+async def test_page_and_every_asset_it_references_are_served_with_no_external_url(shop_hosted: Hosted) -> None:
+    transport = httpx.ASGITransport(app=served_app(shop_hosted))
+    async with httpx.AsyncClient(transport=transport, base_url="http://iqgraph") as http:
+        page = await http.get("/graphql", headers={"accept": "text/html"})
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert re.findall(r"https?://|=\s*\"//", page.text) == []
+        referenced = assets(page.text)
+        assert sorted(u.rsplit("/", 1)[1] for u in referenced) == sorted([*SCRIPTS, *STYLESHEETS])
+        for url, integrity in referenced.items():
+            assert url.startswith("/graphql/static/graphiql/")
+            asset = await http.get(url)
+            assert asset.status_code == 200, url
+            digest = base64.b64encode(hashlib.sha384(asset.content).digest()).decode()
+            assert integrity == f"sha384-{digest}", f"{url}: the file and the page's integrity differ"
+        query = await http.get("/graphql", params={"query": "{ node { id } }"})  # why the page's param is "q"
+        assert query.json() == {"data": {"node": {"id": "node-0"}}}
+
+
+def test_page_loads_its_assets_from_below_its_own_path() -> None:
+    page = graphiql_html("/api/graphql/")
+    assert set(assets(page)) == {f"/api/graphql/static/graphiql/{name}" for name in [*SCRIPTS, *STYLESHEETS]}
+    assert graphiql_mount("/api/graphql").path == "/api/graphql/static"
+
+
+def test_license_and_readme_ship_beside_the_assets() -> None:
+    names = {p.name for p in (STATIC_DIR / "graphiql").iterdir()}
+    assert {"README.md", "LICENSE-graphiql", "LICENSE-react", "LICENSE-react-dom", *SCRIPTS, *STYLESHEETS} <= names
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Return Chromium's path; skip without it only when not root (as root, `make test` installs it)."""
+    if not os.path.exists(CHROMIUM):
+        if os.geteuid() != 0:
+            pytest.skip(f"{CHROMIUM} is absent and not root to install it: apt-get install -y chromium")
+        pytest.fail(f"{CHROMIUM} is absent; install it with: apt-get update && apt-get install -y chromium")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def server(shop_hosted: Hosted) -> Iterator[str]:
+    """Serve the GraphiQL routes with uvicorn on a free loopback port; return its base URL."""
+    port = free_port()
+    config = uvicorn.Config(served_app(shop_hosted), host="127.0.0.1", port=port, log_level="error")
+    running = uvicorn.Server(config)
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    while not running.started:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    running.should_exit = True
+    thread.join(timeout=10)
+
+
+def dump_dom(chromium: str, url: str, profile: Path) -> str:
+    """Return the DOM of url after Chromium, offline, has run its scripts for 15 s of virtual time."""
+    command = [chromium, *BROWSER, f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--dump-dom", url]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def test_network_cut_keeps_a_cdn_script_from_loading(chromium: str, server: str, tmp_path: Path) -> None:
+    assert 'id="result">react is undefined<' in dump_dom(chromium, f"{server}/control", tmp_path)
+
+
+def test_graphiql_renders_offline(chromium: str, server: str, tmp_path: Path) -> None:
+    dom = dump_dom(chromium, f"{server}/graphql", tmp_path)
+    assert "graphiql-container" in dom and "graphiql-editors" in dom
+    assert "CodeMirror" in dom and "graphiql-execute-button" in dom
+    assert "Show Documentation Explorer" in dom and "Show GraphiQL Explorer" in dom  # the explorer plugin
+    assert "Loading..." not in dom
+
+
+def test_a_query_runs_through_the_page_offline(chromium: str, server: str, tmp_path: Path) -> None:
+    browser = subprocess.Popen(
+        [chromium, *BROWSER, f"--user-data-dir={tmp_path}", "--remote-debugging-port=0", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with DevTools.open(tmp_path / "DevToolsActivePort") as page:
+            query = urllib.parse.quote("{ node { id state } }")
+            page.call("Page.navigate", url=f"{server}/graphql?q={query}")
+            page.wait_for("document.querySelector('.graphiql-execute-button') !== null")
+            page.evaluate("document.querySelector('.graphiql-execute-button').click()")
+            page.wait_for("document.querySelector('.graphiql-response').innerText.includes('node-0')")
+            response = page.evaluate("document.querySelector('.graphiql-response').innerText")
+    finally:
+        browser.terminate()
+        browser.wait(timeout=30)
+    assert '"id": "node-0"' in response and '"errors"' not in response
+
+
+class DevTools:
+    """The Chrome DevTools Protocol over the websocket of Chromium's first page (just what the test needs)."""
+
+    def __init__(self, socket: ClientConnection) -> None:
+        self.socket = socket
+        self.next_id = 0
+
+    @classmethod
+    @contextmanager
+    def open(cls, port_file: Path, timeout_s: float = 60) -> Iterator[DevTools]:
+        """Connect to the page of the Chromium that writes port_file once it listens."""
+        deadline = time.monotonic() + timeout_s
+        while not port_file.exists() or not port_file.read_text().strip():
+            assert time.monotonic() < deadline, "Chromium did not open its DevTools port"
+            time.sleep(0.1)
+        port = port_file.read_text().split()[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as listing:  # noqa: S310
+            pages = [t for t in json.load(listing) if t["type"] == "page"]
+        with connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as socket:
+            yield cls(socket)
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        """Send one command and return its result, skipping the events in between."""
+        self.next_id += 1
+        self.socket.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.socket.recv(timeout=60))
+            if message.get("id") == self.next_id:
+                assert "error" not in message, message
+                return dict(message["result"])
+
+    def evaluate(self, expression: str) -> Any:
+        """Return the value of a JavaScript expression in the page (null while the page is still loading)."""
+        result = self.call(
+            "Runtime.evaluate",
+            expression=f"(() => {{ try {{ return {expression}; }} catch {{ return null; }} }})()",
+            returnByValue=True,
+        )
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout_s: float = 60) -> None:
+        """Wait until a JavaScript expression is true in the page."""
+        deadline = time.monotonic() + timeout_s
+        while self.evaluate(expression) is not True:
+            assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+            time.sleep(0.2)

@@ -1,0 +1,33 @@
+"""The package layout: one import name, nothing else at the top of site-packages, examples kept out of
+production code."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCTION = ("app", "schema", "stores", "streaming", "iqgraph")
+
+
+def test_only_iqgraph_is_importable_outside_the_source_tree(tmp_path: Path) -> None:
+    probe = (
+        "import importlib.util, iqgraph, iqgraph.app.cli, iqgraph.examples.shop\n"
+        "print([n for n in ('app', 'schema', 'stores', 'streaming', 'examples') if importlib.util.find_spec(n)])\n"
+        "print(iqgraph.App is iqgraph.streaming.definitions.App)"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "True"]
+
+
+def test_production_code_does_not_import_the_examples() -> None:
+    for folder in PRODUCTION:
+        for path in (ROOT / folder).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""]
+                assert not any(n.startswith("iqgraph.examples") for n in names), path
