@@ -72,16 +72,26 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the app's)")
     produce.add_argument("--file", help='JSON lines {"key": …, "value": {…}, "timestamp": …}; - for stdin')
     produce.add_argument("--count", type=int, help="how many generated events (default: until Ctrl-C)")
-    produce.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
+    produce.add_argument("--rate", type=_positive, help="events per second (default: as fast as possible)")
     produce.add_argument("--seed", type=int, default=1, help="generator seed (same seed, same events)")
     produce.add_argument("--start-ms", type=int, help="event time of the first event (default: now)")
     produce.add_argument("--one-record-per-request", action="store_true", help="needed by the embedded (Tansu) broker")
     return parser
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0")
+    return value
+
+
 def _dev_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="how many nodes (default 1; 3 shows forwarding)")
-    parser.add_argument("--rate", type=float, default=200.0, help="generated events per second (default 200)")
+    parser.add_argument("--rate", type=_positive, default=200.0, help="generated events per second (default 200)")
     parser.add_argument("--port", type=int, default=8000, help="port of the first node (default 8000)")
     parser.add_argument("--state-dir", type=Path, help="stores and node logs (default: a new temporary directory)")
     parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: Ctrl-C)")
@@ -121,8 +131,8 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.create_topics:
         config = {**app.kafka.config, **settings.kafka}
         config["bootstrap.servers"] = settings.bootstrap_servers or app.kafka.bootstrap_servers
-        for name in create_topics(config, app):
-            print(f"iqgraph: created topic {name} ({app.topic(name).partitions} partitions)", flush=True)
+        for name, partitions in create_topics(config, app).items():
+            print(f"iqgraph: created topic {name} ({partitions} partitions)", flush=True)
     return serve(settings, app)
 
 
@@ -139,10 +149,7 @@ def _produce(args: argparse.Namespace) -> int:
             f"app {app.name!r} has no event generator: pass --file data.jsonl (one JSON object per line: "
             '{"key": …, "value": {…}, "timestamp": …}), or - to read them from stdin'
         )
-    try:
-        sent = produce_events(app, config, count=args.count, rate=args.rate, seed=args.seed, start_ms=args.start_ms)
-    except KeyboardInterrupt:
-        return 0
+    sent = produce_events(app, config, count=args.count, rate=args.rate, seed=args.seed, start_ms=args.start_ms)
     print(f"produced {sent} events into {app.topics[0].name}")
     return 0
 
@@ -155,7 +162,7 @@ def _produce_file(app: App, config: dict[str, Any], file: str) -> int:
         print(f"iqgraph: skipped {file}: {bad}", file=sys.stderr)
 
     try:
-        lines = sys.stdin if file == "-" else open(file)  # noqa: SIM115 - closed below
+        lines = sys.stdin.buffer if file == "-" else open(file, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise AppLoadError(f"--file {file}: {exc.strerror}") from None
     with lines:

@@ -46,8 +46,8 @@ class BadLine(ValueError):
         self.line = line
 
 
-def read_records(lines: Iterable[str], app: App) -> Iterator[FileRecord | BadLine]:
-    """Yield each line's record, or a BadLine in its place."""
+def read_records(lines: Iterable[bytes], app: App) -> Iterator[FileRecord | BadLine]:
+    """Yield each line's record (lines as bytes: invalid UTF-8 is a bad line, not an exception), or a BadLine."""
     topics = {t.name: t for t in app.topics}
     for number, text in enumerate(lines, start=1):
         if not text.strip():
@@ -58,14 +58,15 @@ def read_records(lines: Iterable[str], app: App) -> Iterator[FileRecord | BadLin
             yield bad
 
 
-def _record(number: int, text: str, topics: dict[str, Topic], default: Topic) -> FileRecord:
+def _record(number: int, text: bytes, topics: dict[str, Topic], default: Topic) -> FileRecord:
     try:
         raw = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise BadLine(number, f"not JSON ({exc})") from None
     if not isinstance(raw, dict) or "value" not in raw or not set(raw) <= RECORD_FIELDS:
         raise BadLine(number, 'expected an object {"key": …, "value": …} with optional "timestamp" and "topic"')
-    topic = topics.get(raw.get("topic", default.name))
+    name = raw.get("topic", default.name)
+    topic = topics.get(name) if isinstance(name, str) else None
     if topic is None:
         raise BadLine(number, f"unknown topic {raw['topic']!r}; the app's topics: {sorted(topics)}")
     return FileRecord(topic.name, _key(number, raw.get("key"), topic), _value(number, raw["value"], topic),
@@ -77,7 +78,10 @@ def _key(number: int, key: Any, topic: Topic) -> bytes | None:
         return None
     expected = int if topic.key_format == "long" else str
     if type(key) is not expected:
-        raise BadLine(number, f"key {key!r} must be a {'integer' if expected is int else 'string'} for {topic.name!r}")
+        kind = "an integer" if expected is int else "a string"
+        raise BadLine(number, f"key {key!r} must be {kind} for {topic.name!r}")
+    if isinstance(key, int) and not -(2**63) <= key < 2**63:
+        raise BadLine(number, f"key {key} is out of the 64-bit range of a long key")
     return serialize_key(key, topic.key_format)
 
 
@@ -96,7 +100,7 @@ def _value(number: int, value: Any, topic: Topic) -> bytes | None:
 def _timestamp(number: int, value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
         return value
     if isinstance(value, str):
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import signal
 import subprocess
 import sys
@@ -24,13 +25,14 @@ from typing import Any
 
 import httpx
 import orjson
+from confluent_kafka import KafkaException
 
 from iqgraph.app.data_file import BadLine, read_records
 from iqgraph.app.example_query import INTROSPECTION, example_query, sample_keys, schema_from_introspection
 from iqgraph.app.loading import load_app
 from iqgraph.app.producer import ONE_RECORD_PER_REQUEST, produce_events, produce_records, producer_config
 from iqgraph.app.topics import create_topics
-from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.streaming.broker import EmbeddedBroker, exit_with_parent
 from iqgraph.streaming.definitions import App
 
 DEMO_APP = "iqgraph.examples.shop:app"
@@ -65,18 +67,34 @@ def run_dev(options: DevOptions) -> int:
         raise DevError("--nodes must be at least 1")
     if options.data is not None and not options.data.is_file():
         raise DevError(f"--data {options.data}: no such file")
-    root = options.state_dir or Path(tempfile.mkdtemp(prefix="iqgraph-dev-"))
-    root.mkdir(parents=True, exist_ok=True)
-    run = DevRun(app, options, root)
+    run = DevRun(app, options, _state_dir(options.state_dir))
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal or a kill stops as cleanly as Ctrl-C
+        signal.signal(sig, signal.default_int_handler)
     try:
         run.start()
         run.wait()
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan the nodes or the broker
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # stopping must finish: no orphan node or broker
+            signal.signal(sig, signal.SIG_IGN)
         run.stop()
     return 0
+
+
+def _state_dir(given: Path | None) -> Path:
+    """Return the run's directory: given (created if missing, refused if an earlier run's stores are in it)."""
+    if given is None:
+        return Path(tempfile.mkdtemp(prefix="iqgraph-dev-"))
+    try:
+        given.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DevError(f"--state-dir {given}: {exc.strerror}") from None
+    if any(given.glob("node-*")):
+        # the embedded broker starts empty: stores that applied an earlier run's offsets would answer stale data
+        raise DevError(f"--state-dir {given} holds an earlier run's stores; the embedded broker starts empty each "
+                       "run, so give a new or empty directory")  # fmt: skip
+    return given
 
 
 class DevRun:
@@ -93,18 +111,19 @@ class DevRun:
         self.samples: list[tuple[str, Any, Any]] = []
 
     def say(self, message: str) -> None:
-        """Print one step."""
-        print(f"{self.options.prefix}: {message}", flush=True)
+        """Print one step; a closed terminal or pipe (``| tee`` ended by the same Ctrl-C) must not stop a stop."""
+        with contextlib.suppress(OSError):
+            print(f"{self.options.prefix}: {message}", flush=True)
 
     def start(self) -> None:
         """Start the broker, create and feed the topics, start the nodes and print where to query."""
         self.broker.start()
         self.say(f"broker at {self.broker.bootstrap_servers} (state and logs in {self.root})")
         created = create_topics({"bootstrap.servers": self.broker.bootstrap_servers}, self.app)
-        self.say("created topics " + ", ".join(f"{t.name} ({t.partitions} partitions)" for t in self.app.topics
-                                               if t.name in created))  # fmt: skip
+        self.say("created topics " + ", ".join(f"{name} ({count} partitions)" for name, count in created.items()))
         self._feed()
-        self.nodes = [self._start_node(i) for i in range(self.options.nodes)]
+        for index in range(self.options.nodes):
+            self.nodes.append(self._start_node(index))  # one by one: a Ctrl-C in between stops those started
         self.say(f"starting {len(self.nodes)} node(s); each starts Spark, which takes a few seconds")
         self._wait_ready()
         for node in self.nodes:
@@ -129,10 +148,13 @@ class DevRun:
             self.say("stopping the producer")
             self.stop_feed.set()
             self.feed.join(timeout=30)
-        for node in self.nodes:
-            if node.process.poll() is None:
-                self.say(f"stopping {node.id}")
-                node.stop()
+        running = [node for node in self.nodes if node.process.poll() is None]
+        for node in running:
+            self.say(f"stopping {node.id}")
+            node.process.send_signal(signal.SIGTERM)  # every node drains and closes its stores at once
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for node in running:
+            node.wait_or_kill(deadline)
         self.say("stopping the broker")
         self.broker.stop()
         self.say("stopped")
@@ -154,11 +176,11 @@ class DevRun:
             )
 
     def _produce_file(self, path: Path) -> None:
-        with path.open() as lines:
+        with path.open("rb") as lines:
             sent, bad = produce_records(self._config(), read_records(lines, self.app), self._bad_line)
         self.say(f"produced {sent} records from {path}" + (f"; skipped {bad} bad lines" if bad else ""))
         default_topic = self.app.topics[0].name
-        with path.open() as lines:
+        with path.open("rb") as lines:
             for line in itertools.islice(lines, SAMPLES):
                 with contextlib.suppress(orjson.JSONDecodeError):
                     raw = orjson.loads(line)
@@ -176,13 +198,13 @@ class DevRun:
         self.samples = [(topic, key, value) for (key, value), _ in zip(events, range(SAMPLES), strict=False)]
         produce_events(self.app, self._config(), count=HISTORY, rate=None, seed=7, start_ms=start_ms)
         self.say(f"produced {HISTORY} generated events into {topic!r}; {self.options.rate:g}/s more once serving")
-        self.feed = threading.Thread(
-            target=produce_events,
-            args=(self.app, self._config()),
-            kwargs={"count": None, "rate": self.options.rate, "seed": 8, "stop": self.stop_feed},
-            name="dev-producer",
-            daemon=True,
-        )
+        self.feed = threading.Thread(target=self._produce_forever, name="dev-producer", daemon=True)
+
+    def _produce_forever(self) -> None:
+        try:
+            produce_events(self.app, self._config(), count=None, rate=self.options.rate, seed=8, stop=self.stop_feed)
+        except KafkaException as exc:
+            self.say(f"the producer stopped: {exc}")
 
     def _start_node(self, index: int) -> NodeProcess:
         port = self.options.port + index
@@ -200,7 +222,9 @@ class DevRun:
         log = self.root / f"{node_id}.log"
         with log.open("wb") as out:
             # its own session: the terminal's Ctrl-C reaches only this process, which stops the nodes in order
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # noqa: S603
+            process = subprocess.Popen(  # noqa: S603 - our own CLI
+                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=exit_with_parent
+            )
         return NodeProcess(node_id, f"http://127.0.0.1:{port}", process, log)
 
     def _wait_ready(self) -> None:
@@ -218,8 +242,12 @@ class DevRun:
             time.sleep(0.5)
 
     def _print_example(self) -> None:
-        response = httpx.post(f"{self.nodes[0].url}/graphql", json={"query": INTROSPECTION}, timeout=30)
-        schema = schema_from_introspection(response.json()["data"])
+        try:
+            response = httpx.post(f"{self.nodes[0].url}/graphql", json={"query": INTROSPECTION}, timeout=30)
+            schema = schema_from_introspection(response.json()["data"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            self.say(f"no example query: the schema could not be read ({exc}); GraphiQL's docs show every field")
+            return
         query = example_query(schema, self.app, sample_keys(self.app, self.samples))
         self.say("an example query to paste into GraphiQL:\n" + query)
 
@@ -240,13 +268,12 @@ class NodeProcess:
         except httpx.HTTPError:
             return False
 
-    def stop(self) -> None:
-        """Stop the node as Ctrl-C would (it drains requests, stops its queries, closes RocksDB); kill if stuck."""
-        self.process.send_signal(signal.SIGTERM)
+    def wait_or_kill(self, deadline: float) -> None:
+        """Wait until the node has stopped (after SIGTERM it drains requests and closes RocksDB) or kill its group."""
         try:
-            self.process.wait(timeout=STOP_TIMEOUT_S)
+            self.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            os.killpg(self.process.pid, signal.SIGKILL)  # its group: Spark's JVM too
             self.process.wait()
 
     def tail(self, lines: int = 20) -> str:

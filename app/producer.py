@@ -17,13 +17,14 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from iqgraph.app.data_file import BadLine, FileRecord
+from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST
 from iqgraph.streaming.definitions import App, DefinitionError
 from iqgraph.streaming.partitioner import serialize_key
 
 log = logging.getLogger(__name__)
 
-#: Producer settings that send each record in its own request (needed by the embedded broker; see streaming.broker).
-ONE_RECORD_PER_REQUEST = {"linger.ms": "0", "batch.num.messages": "1"}
+__all__ = ["ONE_RECORD_PER_REQUEST", "produce_events", "produce_records", "producer_config"]
+
 
 
 def producer_config(app: App, bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -53,18 +54,21 @@ def produce_events(
     events = app.generator(seed, start_ms if start_ms is not None else int(time.time() * 1000))
     started = time.monotonic()
     sent = 0
-    for key, value in itertools.islice(events, count):
-        if stop is not None and stop.is_set():
-            break
-        raw_key = None if key is None else serialize_key(key, topic.key_format)
-        _send(producer, topic.name, raw_key, orjson.dumps(value), delivered)
-        sent += 1
-        if rate:
-            ahead = sent / rate - (time.monotonic() - started)
-            if ahead > 0:
-                time.sleep(ahead)
-        if on_progress is not None and sent % 1000 == 0:
-            on_progress(sent)
+    try:
+        for key, value in itertools.islice(events, count):
+            if stop is not None and stop.is_set():
+                break
+            raw_key = None if key is None else serialize_key(key, topic.key_format)
+            _send(producer, topic.name, raw_key, orjson.dumps(value), delivered)
+            sent += 1
+            if rate:
+                ahead = sent / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+            if on_progress is not None and sent % 1000 == 0:
+                on_progress(sent)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C ends an endless run: deliver what was sent, then say how many
     _flush(producer, failures)
     return sent
 

@@ -1,4 +1,4 @@
-"""Create an app's missing input topics (``iqgraph serve --create-topics`` and ``iqgraph dev``).
+"""Create an app's missing topics, inputs and dead letters (``iqgraph serve --create-topics``, ``iqgraph dev``).
 
 Production topics are provisioned by their owners, so serving does not create them unless asked. A topic
 another node created first counts as present; a topic that exists with another partition count is left
@@ -29,21 +29,26 @@ def missing_topics(admin: AdminClient, app: App, timeout: float) -> list[NewTopi
     except KafkaException as exc:
         raise TopicCreationError(f"cannot list topics: {exc}") from None
     # -1: the broker's default replication factor (production clusters set it; the embedded broker has one node)
-    return [NewTopic(t.name, num_partitions=t.partitions) for t in app.topics if t.name not in existing]
+    wanted = [NewTopic(t.name, num_partitions=t.partitions) for t in app.topics if t.name not in existing]
+    dead_letters = app.kafka.dead_letter_topic
+    if dead_letters is not None and dead_letters not in existing:
+        wanted.append(NewTopic(dead_letters, num_partitions=1))
+    return wanted
 
 
-def create_topics(config: Mapping[str, str], app: App, timeout: float = 10.0) -> list[str]:
-    """Create the app's input topics that are missing, with their declared partition counts; return their names."""
+def create_topics(config: Mapping[str, str], app: App, timeout: float = 10.0) -> dict[str, int]:
+    """Create the app's missing input topics (declared partition counts) and dead-letter topic; return them."""
     admin = AdminClient(dict(config), logger=log)
     wanted = missing_topics(admin, app, timeout)
     if not wanted:
-        return []
+        return {}
     futures = admin.create_topics(wanted, operation_timeout=timeout, request_timeout=timeout)
-    created = []
+    partitions = {t.topic: t.num_partitions for t in wanted}
+    created = {}
     for name, future in futures.items():
         try:
             future.result(timeout=timeout)
-            created.append(name)
+            created[name] = partitions[name]
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another node won the race: fine
                 raise TopicCreationError(f"cannot create topic {name!r}: {exc.args[0].str()}") from None

@@ -181,6 +181,12 @@ class DevProcess:
         return "".join(self.lines)
 
 
+def processes_of(marker: Path) -> list[str]:
+    """Return the command lines of live processes that mention marker (a run's own directory)."""
+    found = subprocess.run(["pgrep", "-af", str(marker)], capture_output=True, text=True, check=False)
+    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+
+
 def closed(address: str) -> bool:
     host, port = address.rsplit(":", 1)
     try:
@@ -223,13 +229,13 @@ def test_dev_serves_a_users_app_from_a_file_and_stops_cleanly_on_ctrl_c(tmp_path
     assert dev.process.returncode == 0, output
     assert "Traceback" not in output and "Connection refused" not in output and "FAIL" not in output, output
     assert closed(broker) and closed(f"127.0.0.1:{port}")
-    assert (state_dir / "node-0.log").is_file()
+    assert (state_dir / "node-0.log").is_file() and processes_of(state_dir) == []
 
 
 @pytest.mark.slow
 def test_dev_without_data_prints_the_produce_line_and_ctrl_c_while_starting_stops_cleanly(tmp_path: Path) -> None:
     write_project(tmp_path, "bookings")
-    dev = DevProcess(tmp_path, "--port", str(free_port()))
+    dev = DevProcess(tmp_path, "--port", str(free_port()), "--state-dir", str(tmp_path / "run"))
     try:
         broker = re.search(r"broker at (\S+)", dev.read_until("broker at")).group(1)  # type: ignore[union-attr]
         dev.read_until("no data")
@@ -245,4 +251,41 @@ def test_dev_without_data_prints_the_produce_line_and_ctrl_c_while_starting_stop
     assert dev.process.returncode == 0, output
     assert "Traceback" not in output and "Connection refused" not in output, output
     assert output.rstrip().endswith("iqgraph dev: stopped"), output
-    assert closed(broker)
+    assert closed(broker) and processes_of(tmp_path / "run") == []
+
+
+@pytest.mark.slow
+def test_a_kill_or_hangup_of_dev_stops_its_nodes_and_broker_first(tmp_path: Path) -> None:
+    write_project(tmp_path, "bookings")
+    write_data(tmp_path / "data.jsonl", 50)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        run = tmp_path / f"run-{sig.name}"
+        dev = DevProcess(tmp_path, "--data", "data.jsonl", "--port", str(free_port()), "--state-dir", str(run))
+        broker = re.search(r"broker at (\S+)", dev.read_until("broker at")).group(1)  # type: ignore[union-attr]
+        dev.read_until("starting 1 node(s)")
+        dev.process.send_signal(sig)  # to dev alone, as `kill` or a closed terminal would
+        output, _ = dev.process.communicate(timeout=120)
+        assert dev.process.returncode == 0, output
+        assert "stopping node-0" in output and output.rstrip().endswith("iqgraph dev: stopped"), output
+        assert processes_of(run) == [] and closed(broker), output
+
+
+def test_dev_refuses_an_earlier_runs_state_dir_and_a_zero_rate(tmp_path: Path) -> None:
+    write_project(tmp_path, "bookings")
+    (tmp_path / "old" / "node-0").mkdir(parents=True)
+    result = iqgraph("dev", "--app", "app.main:app", "--state-dir", "old", cwd=tmp_path)
+    assert result.returncode == 2 and "holds an earlier run's stores" in result.stderr, result
+    zero = iqgraph("dev", "--app", "app.main:app", "--rate", "0", cwd=tmp_path)
+    assert zero.returncode == 2 and "0 must be more than 0" in zero.stderr and "Traceback" not in zero.stderr
+
+
+def test_create_topics_makes_inputs_and_the_dead_letter_topic_once(broker: EmbeddedBroker) -> None:
+    from iqgraph.app.topics import create_topics
+    from iqgraph.examples.shop import build_app
+    from iqgraph.streaming.definitions import KafkaSettings
+
+    suffix = time.monotonic_ns()
+    app = build_app(f"orders-{suffix}", 4, KafkaSettings(dead_letter_topic=f"dead-{suffix}"))
+    config = {"bootstrap.servers": broker.bootstrap_servers}
+    assert create_topics(config, app) == {f"orders-{suffix}": 4, f"dead-{suffix}": 1}
+    assert create_topics(config, app) == {}
