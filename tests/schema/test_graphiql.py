@@ -1,7 +1,7 @@
 """GraphiQL offline: the page and its vendored assets in-process, then in headless Chromium cut off from the net.
 
-The browser tests serve what ``build_asgi`` serves for GraphiQL (``graphiql_mount()`` beside the GraphQLApp
-route) from a real uvicorn on loopback; Chromium can reach loopback only (a dead SOCKS proxy and a host
+The browser tests serve the app ``build_asgi`` makes (of a node that is not started, over the schema tests'
+stores) from a real uvicorn on loopback; Chromium can reach loopback only (a dead SOCKS proxy and a host
 resolver that resolves nothing), which a control page loading React from a CDN demonstrates.
 """
 
@@ -61,15 +61,19 @@ CDN_CONTROL = """<!doctype html><html><body><p id="result">pending</p>
 
 
 def served_app(hosted: Hosted) -> Starlette:
-    """Return the GraphiQL part of build_asgi's app: the static mount and the GraphQLApp at /graphql."""
+    """Return production's ASGI app (build_asgi, of a node that is not started) plus a CDN control page."""
+    from iqgraph.app.node import Node
+    from iqgraph.app.server import build_asgi
+    from iqgraph.app.settings import Settings
+
     api = api_factory(shop_app(), SHOP_TYPES, hosted)()
 
     async def cdn_control(_: Request) -> HTMLResponse:
         return HTMLResponse(CDN_CONTROL)
 
-    graphql = GraphQLApp(api.schema, api.queries, api.limits)
-    routes = [graphiql_mount(), Route("/graphql", graphql, methods=["GET", "POST"]), Route("/control", cdn_control)]
-    return Starlette(routes=routes)
+    served = build_asgi(Node(Settings(app="shop:app"), shop_app()), GraphQLApp(api.schema, api.queries, api.limits))
+    served.router.routes.append(Route("/control", cdn_control))
+    return served
 
 
 def assets(page: str) -> dict[str, str]:
