@@ -289,3 +289,29 @@ def test_create_topics_makes_inputs_and_the_dead_letter_topic_once(broker: Embed
     config = {"bootstrap.servers": broker.bootstrap_servers}
     assert create_topics(config, app) == {f"orders-{suffix}": 4, f"dead-{suffix}": 1}
     assert create_topics(config, app) == {}
+
+
+@pytest.mark.slow
+def test_dev_with_two_nodes_answers_the_same_on_each(tmp_path: Path) -> None:
+    write_project(tmp_path, "bookings")
+    records = write_data(tmp_path / "data.jsonl", 200)
+    port = free_port()
+    while closed(f"127.0.0.1:{port + 1}") is False:
+        port = free_port()
+    dev = DevProcess(tmp_path, "--nodes", "2", "--data", "data.jsonl", "--port", str(port),
+                     "--state-dir", str(tmp_path / "run"))  # fmt: skip
+    try:
+        urls = [dev.read_until(f"GraphiQL at http://127.0.0.1:{port + i}/graphql (node-{i})") for i in range(2)]
+        dev.read_until("an example query")
+        query = dev.read_block("}")
+        dev.read_until("Ctrl-C stops everything")
+        answers = [httpx.post(f"http://127.0.0.1:{port + i}/graphql", json={"query": query}, timeout=30).json()
+                   for i in range(2)]  # fmt: skip
+    except BaseException:
+        os.killpg(dev.process.pid, signal.SIGKILL)
+        raise
+    output = dev.ctrl_c()
+    assert len(urls) == 2 and answers[0] == answers[1] and "errors" not in answers[0], answers
+    guest = records[0]["key"]
+    assert answers[0]["data"]["bookingsPerGuest"]["get"] == sum(r["key"] == guest for r in records)
+    assert dev.process.returncode == 0 and "stopping node-1" in output and processes_of(tmp_path / "run") == []
