@@ -124,16 +124,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from iqgraph.app.server import serve
-    from iqgraph.app.topics import create_topics
 
     settings = _settings(args)
-    app = load_app(settings.app)
-    if settings.create_topics:
-        config = {**app.kafka.config, **settings.kafka}
-        config["bootstrap.servers"] = settings.bootstrap_servers or app.kafka.bootstrap_servers
-        for name, partitions in create_topics(config, app).items():
-            print(f"iqgraph: created topic {name} ({partitions} partitions)", flush=True)
-    return serve(settings, app)
+    return serve(settings, load_app(settings.app))
 
 
 def _produce(args: argparse.Namespace) -> int:

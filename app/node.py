@@ -21,6 +21,7 @@ from iqgraph.app.membership import ClusterMap, Member, Membership, StaticMembers
 from iqgraph.app.metrics import NodeMetrics
 from iqgraph.app.peers import PeerClient
 from iqgraph.app.settings import Settings
+from iqgraph.app.topics import TopicCreationError, create_topics
 from iqgraph.stores import PartitionState, StateDirectory, StoreError
 from iqgraph.streaming.definitions import App, DefinitionError
 from iqgraph.streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
@@ -77,6 +78,15 @@ class Node:
     def _client_config(self) -> dict[str, str]:
         return {**self.app.kafka.config, **self.settings.kafka, "bootstrap.servers": self.bootstrap_servers}
 
+    def _create_topics(self, progress: Progress) -> None:
+        """Create the app's missing topics (``--create-topics``); production topics are provisioned instead."""
+        try:
+            created = create_topics(self._client_config(), self.app)
+        except TopicCreationError as exc:
+            raise NodeStartError(f"{exc} (Kafka at {self.bootstrap_servers})") from None
+        for name, partitions in created.items():
+            progress(f"created topic {name} ({partitions} partitions)")
+
     def check_topics(self) -> dict[str, list[int]]:
         """Return every topic's partitions; raise NodeStartError if Kafka or a topic is not as declared."""
         found: dict[str, list[int]] = {}
@@ -104,6 +114,8 @@ class Node:
             state_dir = StateDirectory(self.settings.state_dir, self.app.name)
         except StoreError as exc:
             raise NodeStartError(str(exc)) from None
+        if self.settings.create_topics:
+            self._create_topics(progress)
         progress(f"checking Kafka at {self.bootstrap_servers}")
         self.check_topics()
         self.membership = self._membership()
