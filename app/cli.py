@@ -46,10 +46,19 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--membership", choices=["static", "kafka"], help="how nodes find each other (default static)")
     parser.add_argument("--peers", help="static membership: every node as id=URL (or URLs: node-0, node-1, …)")
     parser.add_argument("--standbys", type=int, help="standby copies of each partition on other nodes (default 0)")
-    parser.add_argument("--max-lag", type=int, help="let a standby answer when it is at most this many records behind")
+    parser.add_argument(
+        "--max-lag",
+        type=int,
+        help="default staleness bound: a standby may answer (when the active cannot) if at most this many records "
+        "behind; a query's maxLag overrides it (default: standbys do not answer)",
+    )
     parser.add_argument("--group-session-timeout-ms", type=int, help="kafka membership: session timeout (10000)")
-    parser.add_argument("--create-topics", action="store_true", default=None,
-                        help="create the app's input topics if missing (off: production topics are provisioned)")
+    parser.add_argument(
+        "--create-topics",
+        action="store_true",
+        default=None,
+        help="create the app's input topics if missing (off: production topics are provisioned)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
 
 

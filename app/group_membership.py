@@ -7,34 +7,59 @@ streaming runner reads the data). On every assignment, and every ``heartbeat_s``
 topic from the beginning and builds the ``ClusterMap`` from the latest record per key (``build_map``). A clean
 stop publishes a tombstone; a crashed node's record ages out after ``liveness_s``.
 
+Warm-up replicas, as Kafka Streams' high-availability assignor (KIP-441): a record also reports the state
+and lag of every partition the node hosts (from the ``replicas`` callable), and a claim makes its claimant
+active only once its copy is caught up; until then a caught-up copy elsewhere stays active and the claimant
+warms up as a standby. A partition whose claimant's record expired goes at once to the best copy that runs
+it. The record and the rules are in ``app.group_assignment``. A node re-publishes as soon as one of its
+copies turns caught up (or stops being so), not only on the heartbeat.
+
 On the embedded Tansu broker a join or rebalance takes about half of ``session.timeout.ms`` (rounded up to a
 second), and static membership (``group.instance.id``) is unreliable, so it is not used.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from iqgraph.app.membership import ClusterMap, Member, PartitionOwners, standbys_for
+from iqgraph.app.group_assignment import (
+    ACCEPTABLE_RECOVERY_LAG,
+    MemberRecord,
+    TopicPartitionKey,
+    build_map,
+    is_caught_up,
+)
+from iqgraph.app.membership import ClusterMap
+from iqgraph.app.routing import ReplicaState
 from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST
 
-__all__ = ["GroupMembership", "GroupMembershipError", "MemberRecord", "build_map", "metadata_topic_for"]
+__all__ = [
+    "ACCEPTABLE_RECOVERY_LAG",
+    "GroupMembership",
+    "GroupMembershipError",
+    "MemberRecord",
+    "Replicas",
+    "build_map",
+    "metadata_topic_for",
+]
 
 log = logging.getLogger(__name__)
 
 _CGMD_MAGIC = b"CGMDv2:"  # librdkafka's serialized group metadata: magic, then the generation as a native int32
 _POLL_S = 0.05
+_REPORT_S = 0.25  # how often the hosted copies are looked at: one turning caught up is published at once
 _Config = dict[str, str | int | float | bool]
+#: What a node's pipelines report: (topic, partition) -> (state, lag; None when the end offset is unknown).
+Replicas = Callable[[], Mapping[TopicPartitionKey, tuple[str, int | None]]]
 
 
 class GroupMembershipError(RuntimeError):
@@ -44,47 +69,6 @@ class GroupMembershipError(RuntimeError):
 def metadata_topic_for(app_name: str) -> str:
     """Return the name of the compacted topic where app_name's nodes publish their assignments."""
     return f"{app_name}.iq-metadata"
-
-
-@dataclass(frozen=True)
-class MemberRecord:
-    """What a node publishes: who it is, where it is reached, what it serves actively, as of which generation."""
-
-    node_id: str
-    url: str
-    active: Mapping[str, tuple[int, ...]]
-    generation: int
-    time: float
-
-    def encode(self) -> bytes:
-        """Return the record's JSON value."""
-        body = {"node_id": self.node_id, "url": self.url, "generation": self.generation, "time": self.time}
-        return json.dumps({**body, "active": {t: list(ps) for t, ps in self.active.items()}}).encode()
-
-    @classmethod
-    def decode(cls, value: bytes) -> MemberRecord:
-        """Return the record encoded in value (raises ValueError, KeyError or TypeError if malformed)."""
-        body = json.loads(value)
-        active = {str(t): tuple(int(p) for p in ps) for t, ps in body["active"].items()}
-        return cls(str(body["node_id"]), str(body["url"]), active, int(body["generation"]), float(body["time"]))
-
-
-def build_map(
-    records: Mapping[str, MemberRecord], *, now: float, liveness_s: float, standbys: int, floor: int = 0
-) -> ClusterMap:
-    """Return the map of the live records: the highest generation's claim wins a partition; standbys by id order.
-
-    The map's generation is the highest group generation seen (at least floor), so maps built on different
-    nodes from the same records compare equal.
-    """
-    live = {node: r for node, r in records.items() if now - r.time <= liveness_s}
-    claims: dict[tuple[str, int], MemberRecord] = {}
-    for record in sorted(live.values(), key=lambda r: (r.generation, r.time, r.node_id)):
-        claims.update({(topic, p): record for topic, ps in record.active.items() for p in ps})
-    ids = sorted(live)
-    owners = {tp: PartitionOwners(r.node_id, standbys_for(r.node_id, ids, standbys)) for tp, r in claims.items()}
-    generation = max([floor, *(r.generation for r in live.values())])
-    return ClusterMap(generation, {node: Member(node, r.url) for node, r in live.items()}, owners)
 
 
 class GroupMembership:
@@ -104,6 +88,8 @@ class GroupMembership:
         heartbeat_s: float = 2.0,
         liveness_s: float = 6.0,
         start_timeout_s: float = 30.0,
+        replicas: Replicas | None = None,
+        acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
     ) -> None:
         """Configure the member; nothing connects before start().
 
@@ -111,15 +97,22 @@ class GroupMembership:
             kafka_config: librdkafka settings for every client (security, timeouts); the group's own win over it.
             assignment_strategy: "range" (default) gives partition p of every input topic to the same node.
             liveness_s: a member whose record is older (by its publisher's clock) leaves the map.
+            replicas: the state and lag of every partition this node hosts, published with each record (called
+                from the membership thread; may return nothing before the pipelines exist). Without it the node
+                reports no copy: its claims are active at once and it never takes over a partition.
+            acceptable_recovery_lag: a copy at most this many records behind (and RUNNING) is caught up.
         """
-        if not topics or standbys < 0 or liveness_s <= heartbeat_s:
-            raise ValueError("need at least one topic, standbys >= 0 and liveness_s > heartbeat_s")
+        if not topics or standbys < 0 or liveness_s <= heartbeat_s or acceptable_recovery_lag < 0:
+            raise ValueError("need a topic, standbys >= 0, liveness_s > heartbeat_s and acceptable_recovery_lag >= 0")
         self.node_id, self.url, self.app_name = node_id, url.rstrip("/"), app_name
         self.topics = dict(topics)
         self.metadata_topic = metadata_topic_for(app_name)
         self._common: _Config = {**(kafka_config or {}), "bootstrap.servers": bootstrap_servers}
         self._standbys, self._session_ms, self._strategy = standbys, session_timeout_ms, assignment_strategy
         self._heartbeat_s, self._liveness_s, self._start_timeout_s = heartbeat_s, liveness_s, start_timeout_s
+        self._replicas, self._recovery_lag = replicas, acceptable_recovery_lag
+        self._hosted: dict[TopicPartitionKey, ReplicaState] = {}
+        self._last_report = 0.0
         self._map = ClusterMap(0, {}, {})
         self._records: dict[str, MemberRecord] = {}
         self._active: set[tuple[str, int]] = set()
@@ -279,11 +272,35 @@ class GroupMembership:
                 self._last_error = message.error()
                 log.warning("membership consumer: %s", message.error())
             self._read_metadata()
-            if self._published is not None and time.time() - self._published.time >= self._heartbeat_s:
-                self._publish(replace(self._published, time=time.time()))
+            self._heartbeat()
             if time.monotonic() - self._last_rebuild >= _POLL_S * 4:
                 with self._lock:
                     self._rebuild()
+
+    def _heartbeat(self) -> None:
+        """Re-publish this node's record every heartbeat_s, and at once when a hosted copy turns caught up or not."""
+        if self._published is None or time.monotonic() - self._last_report < _REPORT_S:
+            return
+        self._last_report = time.monotonic()
+        self._hosted = self._report()
+        changed = self._readiness(self._published.hosted) != self._readiness(self._hosted)
+        if changed or time.time() - self._published.time >= self._heartbeat_s:
+            self._publish(replace(self._published, time=time.time(), hosted=self._hosted))
+
+    def _report(self) -> dict[TopicPartitionKey, ReplicaState]:
+        """Return the state and lag of the copies this node hosts, as its replicas callable tells."""
+        if self._replicas is None:
+            return {}
+        try:
+            found = self._replicas()
+        except Exception:  # the node's bug must not stop the heartbeat: keep the last report
+            log.exception("replicas callable of %s failed", self.node_id)
+            return self._hosted
+        return {(str(t), int(p)): ReplicaState(state, lag) for (t, p), (state, lag) in sorted(found.items())}
+
+    def _readiness(self, hosted: Mapping[TopicPartitionKey, ReplicaState]) -> dict[TopicPartitionKey, bool]:
+        """Return, per hosted copy, whether it is caught up: what moves actives (other lag changes can wait)."""
+        return {tp: is_caught_up(r, self._recovery_lag) for tp, r in hosted.items()}
 
     def _read_metadata(self) -> None:
         """Apply the metadata records that arrived (latest per key wins; a tombstone removes the key)."""
@@ -320,7 +337,12 @@ class GroupMembership:
         """Rebuild the map from the records (caller holds the lock); queue it for subscribers if it changed."""
         self._last_rebuild, floor = time.monotonic(), self._map.generation
         new = build_map(
-            self._records, now=time.time(), liveness_s=self._liveness_s, standbys=self._standbys, floor=floor
+            self._records,
+            now=time.time(),
+            liveness_s=self._liveness_s,
+            standbys=self._standbys,
+            floor=floor,
+            recovery_lag=self._recovery_lag,
         )
         if new != self._map:
             self._map = new
@@ -330,11 +352,12 @@ class GroupMembership:
             self._ready.set()  # after the map is set: start() returns with this node's assignment in current()
 
     def _record(self, generation: int) -> MemberRecord:
-        """Return this node's record: its active partitions, now, at generation."""
+        """Return this node's record: its claims at generation and its hosted copies, now."""
         active: dict[str, tuple[int, ...]] = {}
         for topic, partition in sorted(self._active):
             active[topic] = (*active.get(topic, ()), partition)
-        return MemberRecord(self.node_id, self.url, active, generation, time.time())
+        self._hosted = self._report()
+        return MemberRecord(self.node_id, self.url, active, generation, time.time(), self._hosted)
 
     def _publish(self, record: MemberRecord) -> None:
         """Publish record as this node's latest (the heartbeat re-sends it with a new time)."""

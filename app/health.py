@@ -1,4 +1,9 @@
-"""Peer health checks for static membership: a peer whose /healthz fails is treated as down."""
+"""The peer poller: every second, each member's ``/readyz`` — is it up, and how are its partitions.
+
+What it learns goes to ``PeerStates`` (the routing core reads the state and lag of each replica from it:
+a restoring active is passed over for a caught-up standby) and, under static membership, to the map's
+set of down peers. A peer that does not answer is down until it answers again.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,21 @@ import threading
 
 import httpx
 
-from iqgraph.app.membership import StaticMembership
+from iqgraph.app.membership import Membership, StaticMembership
+from iqgraph.app.replicas import PeerStates
+from iqgraph.schema.types import PartitionInfo
 
 log = logging.getLogger(__name__)
 
 
 class PeerHealth:
-    """Poll every peer's /healthz and tell the membership which are down."""
+    """Poll every peer's /readyz; tell PeerStates (and a static membership) what is up and how."""
 
-    def __init__(self, membership: StaticMembership, interval_s: float = 1.0, timeout_s: float = 0.5) -> None:
+    def __init__(
+        self, membership: Membership, states: PeerStates, interval_s: float = 1.0, timeout_s: float = 0.5
+    ) -> None:
         self.membership = membership
+        self.states = states
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._stop = threading.Event()
@@ -31,22 +41,30 @@ class PeerHealth:
         self._stop.set()
 
     def check(self, client: httpx.Client) -> frozenset[str]:
-        """Return the ids of the peers that fail their health check now."""
+        """Poll every peer once; return the ids of those that did not answer."""
         down = set()
-        for member in self.membership.current().members.values():
+        for member in list(self.membership.current().members.values()):
             if member.id == self.membership.node_id:
                 continue
             try:
-                client.get(f"{member.url}/healthz", timeout=self.timeout_s).raise_for_status()
-            except httpx.HTTPError:
+                body = client.get(f"{member.url}/readyz", timeout=self.timeout_s).json()
+                partitions = [
+                    PartitionInfo(p["topic"], p["partition"], p["role"], p["state"], p["appliedOffset"], p["endOffset"])
+                    for p in body.get("partitions") or []
+                ]
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
                 down.add(member.id)
+                self.states.mark_down(member.id)
+                continue
+            self.states.update(member.id, partitions)
         return frozenset(down)
 
     def _run(self) -> None:
         with httpx.Client() as client:
             while not self._stop.is_set():
                 down = self.check(client)
-                if down != self.membership.current().down:
-                    log.warning("peers down: %s", ", ".join(sorted(down)) or "none")
-                self.membership.set_down(down)
+                if isinstance(self.membership, StaticMembership):
+                    if down != self.membership.current().down:
+                        log.warning("peers down: %s", ", ".join(sorted(down)) or "none")
+                    self.membership.set_down(down)
                 self._stop.wait(self.interval_s)

@@ -13,13 +13,10 @@ from typing import Any
 
 from iqgraph.app.scatter import Merge
 from iqgraph.schema.types import Scan
-from iqgraph.stores import Key, KeyCodec, StoreKind, WindowedValue
+from iqgraph.stores import KeyCodec, StoreKind, WindowedValue
 from iqgraph.stores.aggregations import Aggregation, aggregation_named, merge_state
 from iqgraph.stores.codecs import encode_int64
 from iqgraph.streaming.definitions import App, StoreDefinition
-
-#: A point lookup: the key, and for a window store the range of window starts.
-Request = tuple[Key, int | None, int | None]
 
 
 def aggregation_of(definition: StoreDefinition) -> Aggregation:

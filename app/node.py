@@ -14,13 +14,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from iqgraph.app.cluster_queries import ClusterStoreQueries
+from iqgraph.app.cluster_queries import ClusterStoreQueries, RetryPolicy
 from iqgraph.app.health import PeerHealth
-from iqgraph.app.local_queries import LocalStoreQueries, RetryPolicy
+from iqgraph.app.local_partitions import LocalPartitions
 from iqgraph.app.membership import ClusterMap, Member, Membership, StaticMembership, parse_peers
 from iqgraph.app.metrics import NodeMetrics
 from iqgraph.app.peers import PeerClient
+from iqgraph.app.replicas import PeerStates
 from iqgraph.app.settings import Settings
+from iqgraph.app.topic_watch import TopicWatch
 from iqgraph.app.topics import TopicCreationError, create_topics
 from iqgraph.stores import PartitionState, StateDirectory, StoreError
 from iqgraph.streaming.definitions import App, DefinitionError
@@ -61,8 +63,9 @@ class Node:
         self.state = NodeState.CREATED
         self.spark: SparkSession | None = None
         self.runner: StreamRunner | None = None
-        self.queries: LocalStoreQueries | None = None
-        self.cluster: ClusterStoreQueries | None = None
+        self.local: LocalPartitions | None = None
+        self.queries: ClusterStoreQueries | None = None
+        self.topic_watch: TopicWatch | None = None
         self.membership: Membership | None = None
         self.peers: PeerClient | None = None
         self.health: PeerHealth | None = None
@@ -73,7 +76,7 @@ class Node:
         return {} if self.membership is None else self.membership.current().members
 
     def _node_info(self) -> NodeInfo | None:
-        return None if self.queries is None else self.queries.node()
+        return None if self.local is None else self.local.node()
 
     def _client_config(self) -> dict[str, str]:
         return {**self.app.kafka.config, **self.settings.kafka, "bootstrap.servers": self.bootstrap_servers}
@@ -148,23 +151,36 @@ class Node:
             self.stop()
             raise NodeStartError(str(exc)) from None
         runner = self.runner
-        self.queries = LocalStoreQueries(
+        self.topic_watch = TopicWatch(
+            runner.partitions, lambda topic, ps: runner.offsets(topic).latest(ps), self.app.kafka.partitioner
+        )
+        self.topic_watch.start()
+        self.local = LocalPartitions(
             self.app,
-            types,
             runner.partitions,
             node_id=self.settings.node_id,
             url=self.settings.url,
-            end_offsets=lambda topic, ps: runner.offsets(topic).latest(ps),
-            retry=RetryPolicy(deadline_ms=self.settings.not_ready_deadline_ms),
+            end_offset=self.topic_watch.end_offset,
             state=lambda: self.state.value,
             role=self._role,
         )
         self.peers = PeerClient(self.settings.node_id, observer=self.metrics)
-        self.cluster = ClusterStoreQueries(self.queries, self.membership, self.peers, max_lag=self.settings.max_lag)
+        peer_states = PeerStates()
+        self.queries = ClusterStoreQueries(
+            self.app,
+            types,
+            self.local,
+            self.membership,
+            self.peers,
+            max_lag=self.settings.max_lag,
+            retry=RetryPolicy(deadline_ms=self.settings.not_ready_deadline_ms),
+            peer_states=peer_states,
+            partitioner=self.topic_watch.partitioner,
+        )
         self.membership.subscribe(self._on_new_map)
         threading.Thread(target=self._supervise, name="query-supervisor", daemon=True).start()
-        if isinstance(self.membership, StaticMembership) and len(self.membership.current().members) > 1:
-            self.health = PeerHealth(self.membership)
+        if len(self.membership.current().members) > 1 or self.settings.membership == "kafka":
+            self.health = PeerHealth(self.membership, peer_states)
             self.health.start()
         self.state = NodeState.RUNNING
 
@@ -187,6 +203,14 @@ class Node:
         if settings.membership == "kafka":
             from iqgraph.app.group_membership import GroupMembership
 
+            def replicas() -> dict[tuple[str, int], tuple[str, int | None]]:
+                """Return the state and lag of every hosted partition (none before the pipelines start)."""
+                local, runner = self.local, self.runner
+                if local is None or runner is None:
+                    return {}
+                hosted = [(t, p) for t, ps in list(runner.partitions.items()) for p in list(ps)]
+                return {(t, p): found for t, p in hosted if (found := local.replica(t, p)) is not None}
+
             return GroupMembership(
                 settings.node_id,
                 settings.url,
@@ -196,6 +220,7 @@ class Node:
                 kafka_config={**self.app.kafka.config, **settings.kafka},
                 standbys=settings.standbys,
                 session_timeout_ms=settings.group_session_timeout_ms,
+                replicas=replicas,
             )
         try:
             members = parse_peers(settings.peers) if settings.peers else [Member(settings.node_id, settings.url)]
@@ -220,8 +245,8 @@ class Node:
         """Report restoring partitions and their lag every interval until all are queryable (a thread)."""
 
         def watch() -> None:
-            while self.state is NodeState.RUNNING and self.queries is not None:
-                partitions = self.queries.node().partitions
+            while self.state is NodeState.RUNNING and self.local is not None:
+                partitions = self.local.node().partitions
                 restoring = [p for p in partitions if p.state != PartitionState.RUNNING.value]
                 if not restoring:
                     progress(f"all {len(partitions)} partitions are queryable")
@@ -263,6 +288,8 @@ class Node:
         self.state = NodeState.STOPPING
         if self.health is not None:
             self.health.stop()
+        if self.topic_watch is not None:
+            self.topic_watch.stop()
         if self.membership is not None:
             self.membership.stop()
         if self.runner is not None:

@@ -1,7 +1,8 @@
 """The peer client: forwarded sub-requests to other nodes' GraphQL endpoints, over one httpx client.
 
-Each call is ONE GraphQL request to one peer, marked with the forwarded header (the peer answers from
-its own partitions only) and carrying the caller's Authorization header. Explicit timeouts and
+Each call is ONE GraphQL request to one peer (the documents and encodings are ``schema.wire``'s),
+marked with the forwarded header (the peer answers from its own partitions only) and carrying the
+caller's Authorization header. Explicit timeouts and
 connection limits; keep-alive connections are reused across requests. Counts what it sends per peer,
 and tells an optional PeerObserver (the node's metrics) of each request sent and each that failed.
 """
@@ -15,14 +16,10 @@ from typing import Any, Protocol
 
 import httpx
 
+from iqgraph.schema import wire
 from iqgraph.schema.asgi import FORWARDED_HEADER
-
-LOOKUP = """query($store: String!, $requests: JSON!, $partitions: [Int!], $withLag: Boolean!) {
-  _lookup(store: $store, requests: $requests, partitions: $partitions, withLag: $withLag) }"""
-SCAN = """query($store: String!, $scan: JSON!, $positions: JSON!, $first: Int!, $partitions: [Int!]) {
-  _scan(store: $store, scan: $scan, positions: $positions, first: $first, partitions: $partitions) }"""
-COUNT = """query($store: String!, $partitions: [Int!]) { _count(store: $store, partitions: $partitions) }"""
-NODE = """{ node { id url state partitions { topic partition role state appliedOffset endOffset } } }"""
+from iqgraph.schema.errors import NODE_UNAVAILABLE
+from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
 
 
 class PeerError(Exception):
@@ -38,7 +35,7 @@ class PeerUnavailableError(PeerError):
     """The peer could not be reached, timed out or failed (5xx)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, "NODE_UNAVAILABLE")
+        super().__init__(message, NODE_UNAVAILABLE)
 
 
 class PeerObserver(Protocol):
@@ -114,48 +111,40 @@ class PeerClient:
         return body["data"]
 
     async def lookup(
-        self,
-        url: str,
-        store: str,
-        requests: Sequence[Any],
-        partitions: Sequence[int],
-        with_lag: bool,
-        authorization: str | None,
-    ) -> Any:
-        """Return the peer's {results, lag} for lookups of store in partitions."""
-        variables = {
-            "store": store,
-            "requests": [list(r) for r in requests],
-            "partitions": list(partitions),
-            "withLag": with_lag,
-        }
-        return (await self.query(url, LOOKUP, variables, authorization))["_lookup"]
+        self, url: str, store: str, reads: Sequence[Read], windowed: bool, authorization: str | None
+    ) -> Answer[list[Any]]:
+        """Return the peer's states of point reads of store (each read names its partitions)."""
+        data = await self.query(url, wire.LOOKUP, {"store": store, "reads": wire.encode_reads(reads)}, authorization)
+        return wire.decode_lookup(data["_lookup"], windowed)
 
     async def scan(
         self,
         url: str,
         store: str,
-        scan: Mapping[str, Any],
-        positions: Mapping[str, Any],
+        scan: Scan,
+        positions: Mapping[int, str | None],
         first: int,
         partitions: Sequence[int],
+        windowed: bool,
         authorization: str | None,
-    ) -> Any:
-        """Return the peer's pages ({partition: {items, next}}) of a scan of store."""
+    ) -> Answer[dict[int, Any]]:
+        """Return the peer's page (or error) per partition of a scan of store."""
         variables = {
             "store": store,
-            "scan": dict(scan),
-            "positions": dict(positions),
+            "scan": {"kind": scan.kind, "args": scan.args},
+            "positions": {str(p): c for p, c in positions.items()},
             "first": first,
             "partitions": list(partitions),
         }
-        return (await self.query(url, SCAN, variables, authorization))["_scan"]
+        return wire.decode_scan((await self.query(url, wire.SCAN, variables, authorization))["_scan"], windowed)
 
-    async def count(self, url: str, store: str, partitions: Sequence[int], authorization: str | None) -> int:
-        """Return the peer's approximate key count of store in partitions."""
-        data = await self.query(url, COUNT, {"store": store, "partitions": list(partitions)}, authorization)
-        return int(data["_count"])
+    async def count(
+        self, url: str, store: str, partitions: Sequence[int], exact: bool, authorization: str | None
+    ) -> Answer[dict[int, Any]]:
+        """Return the peer's count (or error) per partition of entries of store."""
+        variables = {"store": store, "partitions": list(partitions), "exact": exact}
+        return wire.decode_count((await self.query(url, wire.COUNT, variables, authorization))["_count"])
 
-    async def node(self, url: str, authorization: str | None) -> Any:
+    async def node(self, url: str, authorization: str | None) -> NodeInfo:
         """Return the peer's own node metadata."""
-        return (await self.query(url, NODE, {}, authorization))["node"]
+        return wire.decode_node((await self.query(url, wire.NODE, {}, authorization))["node"])

@@ -26,10 +26,9 @@ log = logging.getLogger(__name__)
 __all__ = ["ONE_RECORD_PER_REQUEST", "produce_events", "produce_records", "producer_config"]
 
 
-
 def producer_config(app: App, bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Return the librdkafka producer settings for app, partitioning like the Java client (murmur2)."""
-    partitioner = "murmur2_random" if app.kafka.partitioner == "murmur2" else "consistent_random"
+    partitioner = "consistent_random" if app.kafka.partitioner == "consistent_random" else "murmur2_random"
     return {**app.kafka.config, **(extra or {}), "bootstrap.servers": bootstrap_servers, "partitioner": partitioner}
 
 

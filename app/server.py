@@ -21,11 +21,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from iqgraph.app.merging import finalize
 from iqgraph.app.metrics import scrape, tracing_extensions
 from iqgraph.app.node import Node
+from iqgraph.app.rest import rest_routes
+from iqgraph.app.routing import store_key_partitions
 from iqgraph.app.settings import Settings
 from iqgraph.schema.asgi import FORWARDED_HEADER
 from iqgraph.schema.graphiql import graphiql_mount
+from iqgraph.schema.types import PartitionInfo
 
 if TYPE_CHECKING:
     from iqgraph.streaming.definitions import App
@@ -41,11 +45,12 @@ def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Starlett
 
     async def readyz(_: Request) -> Response:
         ready = node.ready()
-        partitions = [] if node.queries is None else node.queries.node().partitions
+        partitions = [] if node.local is None else node.local.node().partitions
         body = {
             "ready": ready,
             "state": node.state.value,
-            "partitions": [{"topic": p.topic, "partition": p.partition, "state": p.state} for p in partitions],
+            "node": node.settings.node_id,
+            "partitions": [partition_json(p) for p in partitions],
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -62,6 +67,8 @@ def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Starlett
         graphiql_mount("/graphql"),  # GraphiQL's assets at /graphql/static (schema.graphiql)
         Route("/graphql", counted, methods=["GET", "POST"]),
     ]
+    if node.queries is not None:
+        routes += rest_routes(node.queries)  # GET /stores/{store}/keys/{key}[/metadata] (app.rest)
     if raw_endpoint:
         routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
     return Starlette(routes=routes)
@@ -87,24 +94,41 @@ class ForwardCounter:
 
 
 def _raw_lookup(node: Node) -> Any:
-    """Return an endpoint doing a point lookup as plain JSON (the benchmark's ceiling)."""
+    """Return an endpoint doing a local point lookup as plain JSON (the benchmark's ceiling: no GraphQL, no routing
+    beyond the key's partitions, this node's partitions only)."""
 
     async def lookup(request: Request) -> Response:
-        assert node.queries is not None  # noqa: S101 - started before serving
+        assert node.local is not None and node.topic_watch is not None  # noqa: S101 - started before serving
         store, key = request.path_params["store"], request.path_params["key"]
-        [value] = await node.queries.get_many(store, [key])
+        definition = node.app.store(store)
+        detected = node.topic_watch.partitioner(definition.topic)
+        partitions = store_key_partitions(node.app, definition, key, detected)
+        [value] = node.local.read_states(store, [((key, None, None), partitions)]).value
         if isinstance(value, Exception):
             return JSONResponse({"error": str(value)}, status_code=503)
-        return JSONResponse({"key": key, "value": value})
+        return JSONResponse({"key": key, "value": finalize(definition, value)})
 
     return lookup
+
+
+def partition_json(p: PartitionInfo) -> dict[str, Any]:
+    """Return one hosted partition as /readyz shows it (peers read it: schema.wire.decode_node's names)."""
+    return {
+        "topic": p.topic,
+        "partition": p.partition,
+        "role": p.role,
+        "state": p.state,
+        "appliedOffset": p.applied_offset,
+        "endOffset": p.end_offset,
+        "lag": p.lag,
+    }
 
 
 def graphql_app(node: Node) -> Any:
     """Return the Strawberry ASGI app answering the node's store queries."""
     from iqgraph.schema import GraphQLApp, Limits, build_schema
 
-    assert node.queries is not None  # noqa: S101 - started before serving
+    assert node.queries is not None and node.local is not None  # noqa: S101 - started before serving
     settings = node.settings
     limits = Limits(
         max_keys=settings.max_keys, max_page_size=settings.max_page_size, default_page_size=settings.default_page_size
@@ -116,9 +140,7 @@ def graphql_app(node: Node) -> Any:
         metrics=node.metrics.graphql,
         extensions=tracing_extensions(settings.tracing),
     )
-    cluster = node.cluster or node.queries
-    queries_for = node.cluster.bind if node.cluster is not None else None
-    return GraphQLApp(schema, cluster, limits, local=node.queries, queries_for=queries_for)
+    return GraphQLApp(schema, node.queries, limits, local=node.local)
 
 
 def serve(settings: Settings, app: App) -> int:
@@ -163,15 +185,16 @@ def _note_signal(sig: int, _frame: object) -> None:
 
 def print_schema(app: App) -> int:
     """Print the SDL of app's schema (value types need a brief local Spark session)."""
-    from iqgraph.app.local_queries import LocalStoreQueries
+    from iqgraph.app.local_partitions import store_info
     from iqgraph.schema import Limits, build_schema
     from iqgraph.streaming.session import build_spark_session
     from iqgraph.streaming.value_types import value_types
 
     spark = build_spark_session("local[1]", app_name="iqgraph-schema", log_level="ERROR")
     try:
-        queries = LocalStoreQueries(app, value_types(app, spark), {})
+        types = value_types(app, spark)
     finally:
         spark.stop()
-    sys.stdout.write(build_schema(queries.stores(), Limits(), description=app.description).as_str() + "\n")
+    stores = [store_info(app, s, types[s.name]) for s in app.stores]
+    sys.stdout.write(build_schema(stores, Limits(), description=app.description).as_str() + "\n")
     return 0

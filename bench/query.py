@@ -4,7 +4,7 @@ One run, all on this machine:
 
 1. produce ``--events`` generated shop orders into a 6-partition topic of an embedded Tansu broker;
 2. start one node (``iqgraph serve`` in a subprocess, raw endpoint on: ``GET /raw/{store}/{key}`` does the
-   same RocksDB lookup through the node's LocalStoreQueries; GraphQL reaches the same LocalStoreQueries
+   same RocksDB lookup through the node's LocalPartitions; GraphQL reaches the same LocalPartitions
    through the cluster layer, which on one node routes every key locally, so its cost counts against
    GraphQL) and wait until it is ready and has applied every order; check that every path answers the
    order count the events give;

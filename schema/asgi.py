@@ -9,7 +9,6 @@ never Strawberry's plain text.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cross_web import AsyncHTTPRequestAdapter, HTTPException, StarletteRequestAdapter
@@ -24,7 +23,7 @@ from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
 
 from iqgraph.schema import http_spec
-from iqgraph.schema.context import Context
+from iqgraph.schema.context import Context, request_context
 from iqgraph.schema.errors import GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILED
 from iqgraph.schema.graphiql import graphiql_html
 from iqgraph.schema.limits import Limits
@@ -43,9 +42,9 @@ FORWARDED_HEADER = "x-iqgraph-forwarded"
 class GraphQLApp(GraphQL[Context, None]):
     """Serve schema over HTTP, answering from queries within limits (give build_schema the same Limits).
 
-    With ``local`` (the node's own partitions) and ``queries_for`` (the cluster's queries, bound to one
-    request's Authorization header), a request marked with FORWARDED_HEADER is answered from local
-    partitions only — a forwarded request is never forwarded again, so two nodes cannot loop.
+    Each request's queries are bound to its own reports and Authorization header. With ``local`` (the
+    node's own partitions), a request marked with FORWARDED_HEADER may read the internal fields, which
+    answer from local partitions only — a forwarded request is never forwarded again, so nodes cannot loop.
     """
 
     def __init__(
@@ -55,25 +54,18 @@ class GraphQLApp(GraphQL[Context, None]):
         limits: Limits | None = None,
         *,
         local: PeerQueries | None = None,
-        queries_for: Callable[[Any], StoreQueries] | None = None,
         **options: Any,
     ) -> None:
         super().__init__(schema, **options)
         self._limits = limits or Limits()
         self._queries = queries
         self._local = local
-        self._queries_for = queries_for
 
     async def get_context(self, request: Any, response: Any) -> Context:
-        """Return the context of one request."""
+        """Return the context of one request (the internal fields answer only forwarded requests)."""
         forwarded = request is not None and FORWARDED_HEADER in request.headers
-        if forwarded and self._local is not None:
-            queries: StoreQueries = self._local  # type: ignore[assignment]
-        elif self._queries_for is not None:
-            queries = self._queries_for(request)
-        else:
-            queries = self._queries
-        return Context(queries, self._limits, request=request, response=response, local=self._local)
+        local = self._local if forwarded else None
+        return request_context(self._queries, self._limits, request, response, local)
 
     async def get_sub_response(self, request: Request | WebSocket) -> Response:
         """Return the response resolvers may add headers to; its media_type is the one Accept chose (or 406)."""

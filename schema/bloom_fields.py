@@ -12,7 +12,7 @@ import strawberry
 
 from iqgraph.schema.dynamic import Arg, list_of, object_type, resolved_field, resolver_with
 from iqgraph.schema.errors import store_errors
-from iqgraph.schema.resolving import StorePlan, context, load_each, load_one
+from iqgraph.schema.resolving import StorePlan, bound, context, load_each, load_one
 from iqgraph.schema.scalars import Long
 
 
@@ -28,19 +28,19 @@ def bloom_type(plan: StorePlan) -> type:
         raise ValueError(f"bloom store {name!r} has no false_positive_rate in its StoreInfo")
 
     async def might_contain(root: Any, info: strawberry.Info, key: Any) -> bool:
-        return bool(await load_one(context(info).loaders.membership(name), key, _as_bool))
+        return bool(await load_one(context(info).loaders.membership(name, bound(root)), key, _as_bool))
 
     async def might_contain_many(root: Any, info: strawberry.Info, keys: list[Any]) -> list[Any]:
         ctx = context(info)
         ctx.limits.check_keys(keys)
-        return await load_each(ctx.loaders.membership(name), keys, _as_bool)
+        return await load_each(ctx.loaders.membership(name, bound(root)), keys, _as_bool)
 
     def false_positive_rate(root: Any, info: strawberry.Info) -> float:
         return rate
 
     async def approximate_count(root: Any, info: strawberry.Info) -> int:
         with store_errors():
-            return await context(info).queries.approximate_count(name)
+            return await context(info).queries.count(name, bound(root))
 
     fields = [
         resolved_field(
@@ -63,7 +63,8 @@ def bloom_type(plan: StorePlan) -> type:
         resolved_field(
             "approximateCount",
             resolver_with(approximate_count, [], Long | None),
-            "About how many distinct keys were added.",
+            "About how many distinct keys were added: the filters' own estimate (an exact count would need the "
+            "keys). For a store keyed by a column, the sum over partitions: a key added in several counts in each.",
         ),
     ]
     about = f": {plan.info.description}" if plan.info.description else ""

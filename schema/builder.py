@@ -5,14 +5,15 @@ Naming, for a store called ``order_count`` (key-value), ``orders_per_minute`` (w
 
 ==========================  ===============================================================
 root field                  the store's name in camelCase: ``orderCount``; its type ``OrderCountStore``
+store root field argument   ``maxLag`` (records): the staleness bound of every read under it
 key-value store fields      ``get(key)``, ``getMany(keys)``, ``range(from, to, first, after)``,
                             ``prefix(prefix, first, after)`` (String keys only), ``all(first, after)``,
-                            ``approximateCount``
+                            ``count`` (exact), ``approximateCount``
 key-value connection        ``OrderCountEntryConnection { edges: [OrderCountEntryEdge!]!, pageInfo }``,
                             edge ``{ cursor, node: OrderCountEntry { key, value } }``
 window store fields         ``fetch(key, from, to)`` → ``[OrdersPerMinuteWindow!]``,
                             ``fetchAll(from, to, first, after)``,
-                            ``fetchRange(fromKey, toKey, from, to, first, after)``
+                            ``fetchRange(fromKey, toKey, from, to, first, after)``, ``count``
 window                      ``OrdersPerMinuteWindow { key, start, end, value }`` (times: DateTime);
                             connections ``OrdersPerMinuteWindowConnection`` / ``…WindowEdge``
 bloom store fields          ``mightContain(key)``, ``mightContainMany(keys)``, ``falsePositiveRate``,
@@ -42,8 +43,8 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext, ExecutionResult
 
 from iqgraph.schema.bloom_fields import bloom_type
-from iqgraph.schema.dynamic import Field, object_type, resolved_field, resolver_with
-from iqgraph.schema.errors import ErrorCodes, log_errors, with_codes
+from iqgraph.schema.dynamic import Arg, Field, object_type, resolved_field, resolver_with
+from iqgraph.schema.errors import ErrorCodes, invalid_argument, log_errors, with_codes
 from iqgraph.schema.internal import internal_fields
 from iqgraph.schema.keys import key_kind
 from iqgraph.schema.kv_fields import key_value_type
@@ -52,8 +53,8 @@ from iqgraph.schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fi
 from iqgraph.schema.metrics import GraphQLMetrics, MetricsExtension
 from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
 from iqgraph.schema.reports import ClusterReports
-from iqgraph.schema.resolving import StorePlan
-from iqgraph.schema.scalars import SCALARS
+from iqgraph.schema.resolving import StorePlan, StoreScope
+from iqgraph.schema.scalars import SCALARS, Long
 from iqgraph.schema.types import StoreInfo
 from iqgraph.schema.value_types import ValueTypes
 from iqgraph.schema.window_fields import window_type
@@ -81,6 +82,12 @@ _BUILDERS: dict[str, Callable[[StorePlan], type]] = {
     "window": window_type,
     "bloom": bloom_type,
 }
+
+
+_MAX_LAG = (
+    "Bounded staleness: a standby copy may answer (when the active node cannot) only if it is at most this many "
+    "records behind; none: the request's extensions.maxLag, else the node's --max-lag. 0: only up-to-date copies."
+)
 
 
 class SchemaDefinitionError(ValueError):
@@ -139,13 +146,19 @@ def plan_stores(stores: Sequence[StoreInfo], limits: Limits) -> dict[str, StoreP
 
 def _store_field(plan: StorePlan) -> Field:
     store_type = _BUILDERS[plan.info.kind](plan)
-    instance = store_type()
+    default = StoreScope()
 
-    def resolve(root: Any, info: strawberry.Info) -> Any:
-        return instance
+    def resolve(root: Any, info: strawberry.Info, max_lag: Long | None = None) -> Any:
+        if max_lag is None:
+            return default
+        if max_lag < 0:
+            raise invalid_argument("maxLag", f"must be a number of records >= 0, got {max_lag}")
+        return StoreScope(int(max_lag))
 
     description = plan.info.description or f"The {plan.info.kind.replace('_', '-')} store {plan.name}."
-    return resolved_field(plan.field, resolver_with(resolve, [], store_type), description)
+    return resolved_field(
+        plan.field, resolver_with(resolve, [Arg("max_lag", "maxLag", Long | None, _MAX_LAG)], store_type), description
+    )
 
 
 def build_schema(

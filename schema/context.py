@@ -1,4 +1,4 @@
-"""The request context: the node's StoreQueries, the limits, and the request's own DataLoaders."""
+"""The request context: the request's StoreQueries, its reports, the limits, and its own DataLoaders."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from iqgraph.schema.limits import Limits
 from iqgraph.schema.loaders import Loaders
+from iqgraph.schema.reports import Reports
 
 if TYPE_CHECKING:
     from iqgraph.schema.types import PeerQueries, StoreQueries
@@ -15,10 +16,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class Context:
-    """What every resolver of one request reads from ``info.context``."""
+    """What every resolver of one request reads from ``info.context``.
+
+    ``queries`` is bound to this request's ``reports`` (staleness, positions, partial scans), which
+    ``schema.reports.ClusterReports`` adds to the response.
+    """
 
     queries: StoreQueries
     limits: Limits
+    reports: Reports = field(default_factory=Reports)
     loaders: Loaders = field(init=False)
     request: Any = None
     response: Any = None
@@ -31,8 +37,23 @@ class Context:
 ContextGetter = Callable[..., Context]
 
 
+def request_context(
+    queries: StoreQueries,
+    limits: Limits,
+    request: Any = None,
+    response: Any = None,
+    local: PeerQueries | None = None,
+) -> Context:
+    """Return the context of one request: queries bound to its own reports and Authorization header."""
+    reports = Reports()
+    authorization = None if request is None else request.headers.get("authorization")
+    return Context(
+        queries.bind(reports, authorization), limits, reports, request=request, response=response, local=local
+    )
+
+
 def context_getter(queries: StoreQueries, limits: Limits | None = None) -> ContextGetter:
-    """Return a function that makes a fresh Context (new DataLoaders) for each request.
+    """Return a function that makes a fresh Context (new DataLoaders, new reports) for each request.
 
     Call it as ``get_context(request=None, response=None)``, e.g. from an ASGI ``GraphQL.get_context``
     or ``schema.execute(query, context_value=get_context())``. Pass the Limits given to build_schema.
@@ -40,6 +61,6 @@ def context_getter(queries: StoreQueries, limits: Limits | None = None) -> Conte
     settled = limits or Limits()
 
     def get_context(request: Any = None, response: Any = None) -> Context:
-        return Context(queries, settled, request=request, response=response)
+        return request_context(queries, settled, request, response)
 
     return get_context

@@ -13,13 +13,21 @@ Expected failures are ApiErrors, most of them translated from the stores excepti
 
     raised by this package               LIMIT_EXCEEDED    + limit, requested
                                          INVALID_ARGUMENT  + argument
+    raised by the routing core           STORE_NOT_AVAILABLE + partition, retryAfterMs[, bestLag]
+      (app.routing, app.cluster_queries) STALE_BEYOND_BOUND  + partition, bestLag, maxLag, retryAfterMs
+                                         NODE_UNAVAILABLE    + retryAfterMs (a peer failed and no other
+                                                             replica could answer)
+                                         PARTITIONER_MISMATCH + topic, partitioner (keys no known
+                                                             partitioner explains: cannot route)
+    reported beside data (schema.reports) PARTIAL_RESULT     + store, missingPartitions, reasons
+    the REST path (app.rest)             NOT_FOUND          (404: the store has no such key)
 
 An HTTP request that is not GraphQL (body not JSON, no query) is ``BAD_REQUEST`` (schema.asgi).
 Errors found before execution keep graphql-core's message and get ``GRAPHQL_PARSE_FAILED`` (syntax)
 or ``GRAPHQL_VALIDATION_FAILED`` (unknown field, wrong argument type, bad variable…). Any other
 exception raised while resolving becomes ``{"message": "Internal error…", "extensions": {"code":
 "INTERNAL"}}``: no message, no traceback reaches the client; the original is logged with its traceback.
-A StoreQueries implementation may raise ApiError itself (e.g. the app's NOT_OWNER): it passes through.
+A StoreQueries implementation may raise ApiError itself (the routing core's codes): it passes through.
 """
 
 from __future__ import annotations
@@ -54,6 +62,12 @@ VALUE_FORMAT_ERROR = "VALUE_FORMAT_ERROR"
 LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 INTERNAL = "INTERNAL"
+STORE_NOT_AVAILABLE = "STORE_NOT_AVAILABLE"
+STALE_BEYOND_BOUND = "STALE_BEYOND_BOUND"
+NODE_UNAVAILABLE = "NODE_UNAVAILABLE"
+PARTITIONER_MISMATCH = "PARTITIONER_MISMATCH"
+PARTIAL_RESULT = "PARTIAL_RESULT"
+NOT_FOUND = "NOT_FOUND"
 GRAPHQL_PARSE_FAILED = "GRAPHQL_PARSE_FAILED"
 GRAPHQL_VALIDATION_FAILED = "GRAPHQL_VALIDATION_FAILED"
 BAD_REQUEST = "BAD_REQUEST"

@@ -1,51 +1,27 @@
 """Internal root fields that peers call with a forwarded sub-request: states in compact JSON.
 
-A node that routes keys (or scans) to a peer sends ONE GraphQL request per peer, marked as forwarded,
-asking for ``_lookup`` / ``_scan`` / ``_count`` over the partitions it routes there. The peer answers
-from its own partitions only (never forwards again) with mergeable states as JSON — no per-field
-resolution — so the caller can combine results of several nodes before finalizing them. A failed
-lookup is ``{"error": {"message": …, "extensions": {"code": …}}}`` in its place. These fields start
-with ``_``: they are for peers, not for clients.
+A node that routes reads to a peer sends ONE GraphQL request per peer, marked as forwarded, asking for
+``_lookup`` / ``_scan`` / ``_count`` over partitions its routing chose. The peer answers from its own
+partitions only (never forwards again) with mergeable states, positions and lags, encoded as
+``schema.wire`` describes — no per-field resolution — so that the caller combines several nodes' answers
+before finalizing them. A failed read is ``{"error": {"message": …, "extensions": {"code": …}}}`` in its
+place. These fields start with ``_``: they are for peers, not for clients.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import strawberry
 from strawberry.scalars import JSON
 
+from iqgraph.schema import wire
 from iqgraph.schema.dynamic import Arg, Field, resolved_field, resolver_with
-from iqgraph.schema.errors import INTERNAL, ApiError, api_error, store_errors
+from iqgraph.schema.errors import ApiError, invalid_argument, store_errors
 from iqgraph.schema.resolving import context
-from iqgraph.schema.scalars import Long
 from iqgraph.schema.types import PeerQueries, Scan
-from iqgraph.stores import WindowedValue
 
-log = logging.getLogger(__name__)
 INTERNAL_FIELDS = ("_lookup", "_scan", "_count")
-
-
-def encode_state(value: Any) -> Any:
-    """Return a lookup result as JSON: the state, windows as [key, start, end, state], or an error."""
-    if isinstance(value, Exception):
-        error = api_error(value)
-        if isinstance(error, ApiError):
-            return {"error": {"message": error.message, "extensions": error.extensions}}
-        log.error("unexpected error in a forwarded lookup", exc_info=value)
-        return {"error": {"message": "internal error on the peer", "extensions": {"code": INTERNAL}}}
-    if isinstance(value, list) and value and isinstance(value[0], WindowedValue):
-        return [encode_item(w) for w in value]
-    return value
-
-
-def encode_item(item: Any) -> Any:
-    """Return one scan item as JSON: [key, state] or [key, start, end, state]."""
-    if isinstance(item, WindowedValue):
-        return [item.key, item.start, item.end, item.value]
-    key, state = item
-    return [key, state]
 
 
 def _local(info: strawberry.Info) -> PeerQueries:
@@ -58,57 +34,37 @@ def _local(info: strawberry.Info) -> PeerQueries:
 def internal_fields() -> list[Field]:
     """Return the root fields _lookup, _scan and _count."""
 
-    async def lookup(
-        root: Any,
-        info: strawberry.Info,
-        store: str,
-        requests: JSON,
-        partitions: list[int] | None = None,
-        with_lag: bool = False,
-    ) -> JSON:
-        local = _local(info)
+    def lookup(root: Any, info: strawberry.Info, store: str, reads: JSON) -> JSON:
+        try:
+            decoded = wire.decode_reads(reads)
+        except (ValueError, TypeError) as exc:
+            raise invalid_argument("reads", str(exc)) from None
         with store_errors():
-            found = await local.lookup_states(store, [tuple(r) for r in requests], partitions)  # type: ignore[attr-defined]
-        answer: dict[str, Any] = {"results": [encode_state(r) for r in found]}
-        if with_lag:
-            answer["lag"] = {str(p.partition): p.lag for p in local.node().partitions}
-        return answer  # type: ignore[return-value]
+            return wire.encode_lookup(_local(info).read_states(store, decoded))  # type: ignore[return-value]
 
-    async def scan(
-        root: Any,
-        info: strawberry.Info,
-        store: str,
-        scan: JSON,
-        positions: JSON,
-        first: int,
-        partitions: list[int] | None = None,
+    def scan(
+        root: Any, info: strawberry.Info, store: str, scan: JSON, positions: JSON, first: int, partitions: list[int]
     ) -> JSON:
+        try:
+            request = Scan(str(scan["kind"]), dict(scan.get("args") or {}))  # type: ignore[index,attr-defined]
+            resume = {int(p): c for p, c in dict(positions).items()}  # type: ignore[call-overload]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise invalid_argument("scan", f"not a scan this API sends: {exc}") from None
         with store_errors():
-            pages = await _local(info).scan_pages(store, Scan(**scan), positions, first, partitions)  # type: ignore[arg-type]
-        return {
-            p: {"items": [encode_item(i) for i in page.items], "next": page.next_cursor} for p, page in pages.items()
-        }  # type: ignore[return-value]
+            answer = _local(info).scan_pages(store, request, resume, first, partitions)
+        return wire.encode_scan(answer)  # type: ignore[return-value]
 
-    async def count(root: Any, info: strawberry.Info, store: str, partitions: list[int] | None = None) -> Long:
+    def count(root: Any, info: strawberry.Info, store: str, partitions: list[int], exact: bool = True) -> JSON:
         with store_errors():
-            return Long(await _local(info).count_states(store, partitions))
+            return wire.encode_count(_local(info).count(store, partitions, exact))  # type: ignore[return-value]
 
     store = Arg("store", "store", str, "The store's name.")
-    parts = Arg("partitions", "partitions", list[int] | None, "The partitions to read (all when null).")
+    parts = Arg("partitions", "partitions", list[int], "The partitions to read.")
     return [
         resolved_field(
             "_lookup",
-            resolver_with(
-                lookup,
-                [
-                    store,
-                    Arg("requests", "requests", JSON, "[[key, from, to], …]"),
-                    parts,
-                    Arg("with_lag", "withLag", bool, "Report each partition's lag."),
-                ],
-                JSON,
-            ),
-            "Internal (peers): states of point lookups from the given partitions.",
+            resolver_with(lookup, [store, Arg("reads", "reads", JSON, "[[key, from, to, [partitions]], …]")], JSON),
+            "Internal (peers): states of point reads from the given partitions.",
         ),
         resolved_field(
             "_scan",
@@ -117,7 +73,7 @@ def internal_fields() -> list[Field]:
                 [
                     store,
                     Arg("scan", "scan", JSON, "{kind, args}"),
-                    Arg("positions", "positions", JSON, "Per partition: a cursor, or null if done."),
+                    Arg("positions", "positions", JSON, "Per partition: where to resume (absent: from the start)."),
                     Arg("first", "first", int, "Items per partition at most."),
                     parts,
                 ],
@@ -126,6 +82,8 @@ def internal_fields() -> list[Field]:
             "Internal (peers): one page of states per given partition.",
         ),
         resolved_field(
-            "_count", resolver_with(count, [store, parts], Long), "Internal (peers): approximate keys in partitions."
+            "_count",
+            resolver_with(count, [store, parts, Arg("exact", "exact", bool, "Exact, or RocksDB's estimate.")], JSON),
+            "Internal (peers): entries in the given partitions.",
         ),
     ]

@@ -1,4 +1,4 @@
-"""The object type of a key-value store: get, getMany, range, prefix, all, approximateCount.
+"""The object type of a key-value store: get, getMany, range, prefix, all, count, approximateCount.
 
 ``range``, ``prefix`` and ``all`` are Relay connections of ``<Base>Entry {key, value}`` in the keys'
 natural order (numeric for Long keys, code point order for String keys); ``prefix`` exists only on
@@ -14,7 +14,7 @@ import strawberry
 from iqgraph.schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
 from iqgraph.schema.errors import store_errors
 from iqgraph.schema.pagination import ConnectionType, Order, read_slice
-from iqgraph.schema.resolving import StorePlan, context, load_each, load_one, queries
+from iqgraph.schema.resolving import StorePlan, bound, context, load_each, load_one, queries
 from iqgraph.schema.scalars import Long
 
 _FIRST = "How many entries at most (the page size)."
@@ -55,20 +55,33 @@ def _describe(plan: StorePlan) -> str:
     return f"Key-value store {plan.name}{aggregation}{about}"
 
 
+def _count_description(plan: StorePlan) -> str:
+    if plan.info.co_partitioned:
+        return "How many keys the store holds: exact, kept with every write."
+    return (
+        "How many (partition, key) entries the store holds: exact per partition. The store is keyed by a "
+        "column, not the record key, so one key can live in several partitions and counts once in each."
+    )
+
+
 def _point_fields(plan: StorePlan, value_annotation: Any, convert: Any) -> list[Field]:
     name, key = plan.name, plan.key.annotation
 
     async def get(root: Any, info: strawberry.Info, key: Any) -> Any:
-        return await load_one(context(info).loaders.values(name), key, convert)
+        return await load_one(context(info).loaders.values(name, bound(root)), key, convert)
 
     async def get_many(root: Any, info: strawberry.Info, keys: list[Any]) -> list[Any]:
         ctx = context(info)
         ctx.limits.check_keys(keys)
-        return await load_each(ctx.loaders.values(name), keys, convert)
+        return await load_each(ctx.loaders.values(name, bound(root)), keys, convert)
+
+    async def count(root: Any, info: strawberry.Info) -> int:
+        with store_errors():
+            return await context(info).queries.count(name, bound(root))
 
     async def approximate_count(root: Any, info: strawberry.Info) -> int:
         with store_errors():
-            return await context(info).queries.approximate_count(name)
+            return await context(info).queries.approximate_count(name, bound(root))
 
     return [
         resolved_field(
@@ -83,10 +96,11 @@ def _point_fields(plan: StorePlan, value_annotation: Any, convert: Any) -> list[
             ),
             f"The value of each key, in the order given; null for a missing key (at most {plan.limits.max_keys}).",
         ),
+        resolved_field("count", resolver_with(count, [], Long | None), _count_description(plan)),
         resolved_field(
             "approximateCount",
             resolver_with(approximate_count, [], Long | None),
-            "About how many keys the store holds (RocksDB's estimate; fast, may be off after deletes).",
+            "About how many keys the store holds (RocksDB's estimate: fast, grows with updates; use count).",
         ),
     ]
 
@@ -99,13 +113,13 @@ def _scan_fields(plan: StorePlan, connection: Any, page: Any) -> list[Field]:
     async def range_(
         root: Any, info: strawberry.Info, from_: Any = None, to: Any = None, first: int = default, after: Any = None
     ) -> Any:
-        return await page(info, lambda n, c: queries(info).range(name, from_, to, n, c), first, after)
+        return await page(info, lambda n, c: queries(info).range(name, from_, to, n, c, bound(root)), first, after)
 
     async def prefix(root: Any, info: strawberry.Info, prefix: str, first: int = default, after: Any = None) -> Any:
-        return await page(info, lambda n, c: queries(info).prefix(name, prefix, n, c), first, after)
+        return await page(info, lambda n, c: queries(info).prefix(name, prefix, n, c, bound(root)), first, after)
 
     async def all_(root: Any, info: strawberry.Info, first: int = default, after: Any = None) -> Any:
-        return await page(info, lambda n, c: queries(info).range(name, None, None, n, c), first, after)
+        return await page(info, lambda n, c: queries(info).range(name, None, None, n, c, bound(root)), first, after)
 
     bounds = [
         Arg("from_", "from", optional(key), "The smallest key (inclusive); none: from the first."),

@@ -2,8 +2,9 @@
 
 A request's ``get``, ``getMany``, ``fetch``, ``mightContain`` and ``mightContainMany`` fields all load
 through their store's loader, so N such fields make one StoreQueries call per store (which routes the
-keys to partitions and owners). Loaders live in the request context (made by the context getter), never
-at module level: their cache is the request's, and a value is never served from another request.
+keys to partitions and replicas). A field's ``maxLag`` is part of its loader's identity: reads with
+different staleness bounds are never batched together. Loaders live in the request context (made by the
+context getter), never at module level: their cache is the request's, and a value is never served from another request.
 ``Loaders.observe``, when set (by the metrics extension), hears each batch's store and size.
 """
 
@@ -23,14 +24,14 @@ if TYPE_CHECKING:
 
 #: (key, time_from, time_to) of a window fetch, in epoch milliseconds.
 WindowRequest = tuple[Key, int, int]
-BatchRead = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
+BatchRead = Callable[[str, Sequence[Any], int | None], Awaitable[list[Any]]]
 BatchObserver = Callable[[str, int], None]
 
 
-async def load_batch(read: BatchRead, store: str, keys: list[Any]) -> list[Any]:
+async def load_batch(read: BatchRead, store: str, max_lag: int | None, keys: list[Any]) -> list[Any]:
     """Return one result per key, in key order: the value, or the API error in place of a failed key."""
     try:
-        results = await read(store, keys)
+        results = await read(store, keys, max_lag)
     except StoreError as exc:  # the whole batch failed the same way: every key reports it
         return [api_error(exc) for _ in keys]
     return [api_error(r) if isinstance(r, Exception) else r for r in results]
@@ -41,28 +42,28 @@ class Loaders:
 
     def __init__(self, queries: StoreQueries) -> None:
         self._queries = queries
-        self._loaders: dict[str, DataLoader[Any, Any]] = {}
+        self._loaders: dict[tuple[str, int | None], DataLoader[Any, Any]] = {}
         self.observe: BatchObserver | None = None
 
-    def _loader(self, store: str, read: BatchRead) -> DataLoader[Any, Any]:
-        loader = self._loaders.get(store)
+    def _loader(self, store: str, max_lag: int | None, read: BatchRead) -> DataLoader[Any, Any]:
+        loader = self._loaders.get((store, max_lag))
         if loader is None:
-            loader = self._loaders[store] = DataLoader(partial(self._load, read, store))
+            loader = self._loaders[store, max_lag] = DataLoader(partial(self._load, read, store, max_lag))
         return loader
 
-    async def _load(self, read: BatchRead, store: str, keys: list[Any]) -> list[Any]:
+    async def _load(self, read: BatchRead, store: str, max_lag: int | None, keys: list[Any]) -> list[Any]:
         if self.observe is not None:
             self.observe(store, len(keys))
-        return await load_batch(read, store, keys)
+        return await load_batch(read, store, max_lag, keys)
 
-    def values(self, store: str) -> DataLoader[Key, Any]:
+    def values(self, store: str, max_lag: int | None = None) -> DataLoader[Key, Any]:
         """Return the loader of a key-value store's values (batched into get_many)."""
-        return self._loader(store, self._queries.get_many)
+        return self._loader(store, max_lag, self._queries.get_many)
 
-    def windows(self, store: str) -> DataLoader[WindowRequest, Any]:
+    def windows(self, store: str, max_lag: int | None = None) -> DataLoader[WindowRequest, Any]:
         """Return the loader of a window store's fetches (batched into fetch_many)."""
-        return self._loader(store, self._queries.fetch_many)
+        return self._loader(store, max_lag, self._queries.fetch_many)
 
-    def membership(self, store: str) -> DataLoader[Key, Any]:
+    def membership(self, store: str, max_lag: int | None = None) -> DataLoader[Key, Any]:
         """Return the loader of a bloom store's lookups (batched into might_contain_many)."""
-        return self._loader(store, self._queries.might_contain_many)
+        return self._loader(store, max_lag, self._queries.might_contain_many)

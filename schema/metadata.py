@@ -10,7 +10,6 @@ the key's partition, active node and standby nodes. ``keyMetadata`` takes the st
 from __future__ import annotations
 
 import enum
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,6 +47,11 @@ class StoreMetadata:
     co_partitioned: bool = strawberry.field(
         description="Whether keys are the record keys, so each key lives in the partition the producer chose."
     )
+    partitioner: str = strawberry.field(
+        description="How keys are routed to partitions: murmur2 or consistent_random (configured, or detected from "
+        "the records), mixed (producers use both: reads ask both candidates), unknown (nothing tells them apart "
+        "yet: both asked), unexplained (keys neither explains: PARTITIONER_MISMATCH)."
+    )
     key_type: str = strawberry.field(description="The GraphQL type of keys: String or Long.")
     value_type: str = strawberry.field(description="The GraphQL type of values, e.g. Long or LatestOrder.")
     spark_value_type: str = strawberry.field(description="The Spark type of values, e.g. bigint or struct<…>.")
@@ -84,14 +88,23 @@ class NodeMetadata:
 class KeyQueryMetadata:
     store: str
     key: str
-    partition: int | None = strawberry.field(description="The key's partition; null if any partition may hold it.")
+    partition: int | None = strawberry.field(
+        description="The key's partition; null when it may be in more than one (see partitions and note)."
+    )
     active_node: str | None = strawberry.field(description="The id of the node serving it; null if none now.")
     standby_nodes: list[str] = strawberry.field(description="The ids of the nodes keeping standby copies.")
+    partitions: list[int] = strawberry.field(description="Every partition a read of the key asks.")
+    note: str | None = strawberry.field(
+        description="Why the key has no single partition: a store keyed by a column, or producers mixing partitioners."
+    )
 
 
-def store_metadata(info: StoreInfo, plan: StorePlan | None, placement: Sequence[KeyQueryInfo] = ()) -> StoreMetadata:
+def store_metadata(
+    info: StoreInfo, plan: StorePlan | None, placement: Sequence[KeyQueryInfo] = (), partitioner: str = "murmur2"
+) -> StoreMetadata:
     """Return the metadata of store info (plan: its place in the schema, if it has one)."""
     return StoreMetadata(
+        partitioner=partitioner,
         placement=[
             PartitionPlacement(
                 partition=p.partition or 0, active_node=p.active_node, standby_nodes=list(p.standby_nodes)
@@ -139,6 +152,8 @@ def _key_metadata(found: KeyQueryInfo, key: str) -> KeyQueryMetadata:
         partition=found.partition,
         active_node=found.active_node,
         standby_nodes=list(found.standby_nodes),
+        partitions=list(found.partitions),
+        note=found.note,
     )
 
 
@@ -149,7 +164,10 @@ def metadata_fields(plans: Mapping[str, StorePlan]) -> list[Field]:
     def stores(root: Any, info: strawberry.Info) -> list[StoreMetadata]:
         with store_errors():
             queries = context(info).queries
-            return [store_metadata(s, plans.get(s.name), queries.placement(s.name)) for s in queries.stores()]
+            return [
+                store_metadata(s, plans.get(s.name), queries.placement(s.name), queries.routing_partitioner(s.name))
+                for s in queries.stores()
+            ]
 
     def node(root: Any, info: strawberry.Info) -> NodeMetadata:
         with store_errors():
@@ -157,10 +175,7 @@ def metadata_fields(plans: Mapping[str, StorePlan]) -> list[Field]:
 
     async def nodes(root: Any, info: strawberry.Info) -> list[NodeMetadata]:
         with store_errors():
-            found = context(info).queries.nodes()
-            if inspect.isawaitable(found):  # a cluster asks its peers
-                found = await found
-            return [node_metadata(n) for n in found]
+            return [node_metadata(n) for n in await context(info).queries.nodes()]
 
     def key_metadata(root: Any, info: strawberry.Info, store: str, key: str) -> KeyQueryMetadata:
         plan = plans.get(store) or by_field.get(store)

@@ -46,6 +46,18 @@ class StorePlan:
         return f"store {self.info.name}"
 
 
+@dataclass(frozen=True)
+class StoreScope:
+    """What a store's root field hands its fields: the staleness bound its ``maxLag`` gave (None: default)."""
+
+    max_lag: int | None = None
+
+
+def bound(root: Any) -> int | None:
+    """Return the staleness bound of the store field a field is read under."""
+    return root.max_lag if isinstance(root, StoreScope) else None
+
+
 def context(info: strawberry.Info) -> Context:
     """Return the request context."""
     return cast("Context", info.context)

@@ -1,23 +1,31 @@
 """What the GraphQL layer needs from a node: the StoreQueries protocol and the metadata it returns.
 
-Resolvers call a StoreQueries (held in the request context); the app implements it — locally over the
-node's partition databases, and across the cluster by forwarding to the owners. Nouns follow Kafka
+Resolvers call a StoreQueries (held in the request context, bound to the request's reports); the app
+implements it once, over the cluster map (a single node is a one-member map): keys routed to their
+partitions' replicas, local partitions read in place, ONE forwarded sub-request per peer. A peer's
+forwarded sub-request is answered by PeerQueries: the node's own partitions only. Nouns follow Kafka
 Streams' interactive queries: KeyQueryMetadata (active node, standby nodes, partition), store metadata.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType
 
+    from iqgraph.schema.reports import Reports
     from iqgraph.stores import Key, Page, WindowedValue
 
 #: One result per requested key: the value (None if absent), or the exception that key failed with.
 Result = Any
+T = TypeVar("T")
+#: A point lookup: the key, and for a window store the range of window starts.
+Request = tuple["Key", int | None, int | None]
+#: A point read a peer serves: the lookup, and the partitions (its own) to read it from.
+Read = tuple[Request, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -25,9 +33,11 @@ class KeyQueryMetadata:
     """Where a key lives: its partition, the node serving it actively, and its standby nodes."""
 
     store: str
-    partition: int | None  # None: the store is not co-partitioned; every partition may hold the key
+    partition: int | None  # None: the key may be in more than one partition (see partitions)
     active_node: str | None
     standby_nodes: tuple[str, ...] = ()
+    partitions: tuple[int, ...] = ()  # every partition a read of the key asks
+    note: str | None = None  # why a key has no single partition (a store keyed by a column, mixed producers)
 
 
 @dataclass(frozen=True)
@@ -91,32 +101,47 @@ class Scan:
             raise ValueError(f"unknown scan {self.kind!r}; known: {SCAN_KINDS}")
 
 
+@dataclass(frozen=True)
+class Answer(Generic[T]):
+    """What a node read from its partitions, with each partition's position and lag at the read."""
+
+    value: T
+    positions: dict[int, int] = field(default_factory=dict)  # partition -> applied offset, read before the data
+    lags: dict[int, int] = field(default_factory=dict)  # partition -> records behind the topic's end
+
+
 class PeerQueries(Protocol):
-    """What a node answers a peer's forwarded sub-request with: states from given partitions only."""
+    """What a node answers a peer's forwarded sub-request with: states from its own partitions only."""
 
     def node(self) -> NodeInfo:
         """Return this node, with the role, state and lag of its partitions."""
         ...
 
-    async def lookup_states(
-        self, store: str, requests: Sequence[tuple[Key, int | None, int | None]], partitions: Sequence[int] | None
-    ) -> list[Result]:
-        """Return the mergeable state of each lookup from the given partitions (an exception where it failed)."""
+    def read_states(self, store: str, reads: Sequence[Read]) -> Answer[list[Result]]:
+        """Return the mergeable state of each read, combined over its partitions (an exception if it failed)."""
         ...
 
-    async def scan_pages(
-        self, store: str, scan: Scan, positions: Mapping[str, str | None], first: int, partitions: Sequence[int] | None
-    ) -> dict[str, Page[Any]]:
-        """Return one page of states per given partition not exhausted, resumed at its position."""
+    def scan_pages(
+        self, store: str, scan: Scan, positions: Mapping[int, str | None], first: int, partitions: Sequence[int]
+    ) -> Answer[dict[int, Any]]:
+        """Return per given partition one page of states resumed at its position (or the exception it failed with)."""
         ...
 
-    async def count_states(self, store: str, partitions: Sequence[int] | None) -> int:
-        """Return the approximate number of keys in the given partitions."""
+    def count(self, store: str, partitions: Sequence[int], exact: bool = True) -> Answer[dict[int, Any]]:
+        """Return per given partition its entries (exact, or RocksDB's estimate; bloom: estimate) or an exception."""
         ...
 
 
 class StoreQueries(Protocol):
-    """Read access to every store of the app, whichever node holds the data."""
+    """Read access to every store of the app, whichever node holds the data.
+
+    ``max_lag`` bounds how many records behind the topic a standby's answer may be (None: the request's
+    default, else the node's); an answer from a standby reports its lag in the request's reports.
+    """
+
+    def bind(self, reports: Reports, authorization: str | None = None) -> StoreQueries:
+        """Return queries for one request: its reports, and the caller's credentials for peers."""
+        ...
 
     def stores(self) -> Sequence[StoreInfo]:
         """Return every store of the app."""
@@ -126,8 +151,8 @@ class StoreQueries(Protocol):
         """Return this node."""
         ...
 
-    def nodes(self) -> Sequence[NodeInfo] | Awaitable[Sequence[NodeInfo]]:
-        """Return every node of the cluster, as this node knows them (a cluster may await its peers)."""
+    async def nodes(self) -> Sequence[NodeInfo]:
+        """Return every node of the cluster, as this node knows them."""
         ...
 
     def key_metadata(self, store: str, key: Key) -> KeyQueryMetadata:
@@ -138,34 +163,52 @@ class StoreQueries(Protocol):
         """Return, per partition of store, its active node and standby nodes."""
         ...
 
-    async def get_many(self, store: str, keys: Sequence[Key]) -> list[Result]:
+    def routing_partitioner(self, store: str) -> str:
+        """Return the partitioner keys of store are routed by (configured, or detected from the records)."""
+        ...
+
+    async def get_many(self, store: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Result]:
         """Return the value of each key of a key-value store, in key order (None when absent)."""
         ...
 
-    async def might_contain_many(self, store: str, keys: Sequence[Key]) -> list[Result]:
+    async def might_contain_many(self, store: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Result]:
         """Return, per key of a bloom store, False if never added and True if probably added."""
         ...
 
-    async def fetch_many(self, store: str, requests: Sequence[tuple[Key, int, int]]) -> list[Result]:
+    async def fetch_many(
+        self, store: str, requests: Sequence[tuple[Key, int, int]], max_lag: int | None = None
+    ) -> list[Result]:
         """Return, per (key, time_from, time_to), the key's windows with start in the range (a list)."""
         ...
 
     async def range(
-        self, store: str, from_key: Key | None, to_key: Key | None, first: int, after: str | None
+        self,
+        store: str,
+        from_key: Key | None,
+        to_key: Key | None,
+        first: int,
+        after: str | None,
+        max_lag: int | None = None,
     ) -> Page[tuple[Key, Any]]:
         """Return a page of (key, value) of a key-value store with from_key <= key <= to_key, in key order."""
         ...
 
-    async def prefix(self, store: str, prefix: str, first: int, after: str | None) -> Page[tuple[Key, Any]]:
+    async def prefix(
+        self, store: str, prefix: str, first: int, after: str | None, max_lag: int | None = None
+    ) -> Page[tuple[Key, Any]]:
         """Return a page of (key, value) of a key-value store whose string key starts with prefix."""
         ...
 
-    async def approximate_count(self, store: str) -> int:
-        """Return about how many keys a store holds (all partitions)."""
+    async def count(self, store: str, max_lag: int | None = None) -> int:
+        """Return how many keys (key-value) or windows (window) a store holds: exact; bloom: an estimate."""
+        ...
+
+    async def approximate_count(self, store: str, max_lag: int | None = None) -> int:
+        """Return RocksDB's estimate of the keys a store holds (fast; off after updates and deletes)."""
         ...
 
     async def fetch_all(
-        self, store: str, time_from: int, time_to: int, first: int, after: str | None
+        self, store: str, time_from: int, time_to: int, first: int, after: str | None, max_lag: int | None = None
     ) -> Page[WindowedValue]:
         """Return a page of every key's windows with start in [time_from, time_to], by start then key."""
         ...
@@ -179,6 +222,7 @@ class StoreQueries(Protocol):
         time_to: int,
         first: int,
         after: str | None,
+        max_lag: int | None = None,
     ) -> Page[WindowedValue]:
         """Return a page of the windows of keys in [from_key, to_key] with start in the range, by key then time."""
         ...

@@ -1,4 +1,4 @@
-"""The object type of a window store: fetch, fetchAll, fetchRange.
+"""The object type of a window store: fetch, fetchAll, fetchRange, count.
 
 Every field returns ``<Base>Window {key, start, end, value}``: one key's value in the window
 [start, end). Time bounds are inclusive bounds on the window start, as Kafka Streams' ``fetch`` has
@@ -17,8 +17,8 @@ import strawberry
 from iqgraph.schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
 from iqgraph.schema.errors import store_errors
 from iqgraph.schema.pagination import ConnectionType, Order, read_slice
-from iqgraph.schema.resolving import StorePlan, context, load_one, queries
-from iqgraph.schema.scalars import INT64_MAX, INT64_MIN, DateTime, from_epoch_ms, to_epoch_ms
+from iqgraph.schema.resolving import StorePlan, bound, context, load_one, queries
+from iqgraph.schema.scalars import INT64_MAX, INT64_MIN, DateTime, Long, from_epoch_ms, to_epoch_ms
 from iqgraph.stores import WindowedValue
 
 _FIRST = "How many windows at most (the page size)."
@@ -67,7 +67,11 @@ def window_type(plan: StorePlan) -> type:
             found = await read_slice(read, order, size, after, ctx.limits.max_page_size)
             return connection.make(found, node)
 
-    fields = [_fetch_field(plan, window, node), *_scan_fields(plan, connection.type, page, by_time, by_key)]
+    fields = [
+        _fetch_field(plan, window, node),
+        *_scan_fields(plan, connection.type, page, by_time, by_key),
+        _count_field(plan),
+    ]
     return object_type(plan.type_name, fields, _describe(plan))
 
 
@@ -103,7 +107,7 @@ def _fetch_field(plan: StorePlan, window: type, node: Any) -> Field:
         root: Any, info: strawberry.Info, key: Any, from_: dt.datetime | None = None, to: dt.datetime | None = None
     ) -> Any:
         lower, upper = time_bounds(from_, to)
-        return await load_one(context(info).loaders.windows(name), (key, lower, upper), convert)
+        return await load_one(context(info).loaders.windows(name, bound(root)), (key, lower, upper), convert)
 
     args = [
         Arg("key", "key", plan.key.annotation, "The key."),
@@ -117,6 +121,19 @@ def _fetch_field(plan: StorePlan, window: type, node: Any) -> Field:
     )
 
 
+def _count_field(plan: StorePlan) -> Field:
+    name = plan.name
+
+    async def count(root: Any, info: strawberry.Info) -> int:
+        with store_errors():
+            return await context(info).queries.count(name, bound(root))
+
+    scope = "" if plan.info.co_partitioned else " (a store keyed by a column: counted once per partition holding it)"
+    return resolved_field(
+        "count", resolver_with(count, [], Long | None), f"How many (key, window) entries the store holds{scope}: exact."
+    )
+
+
 def _scan_fields(plan: StorePlan, connection: Any, page: Any, by_time: Order, by_key: Order) -> list[Field]:
     name, default = plan.name, plan.limits.default_page_size
 
@@ -124,7 +141,9 @@ def _scan_fields(plan: StorePlan, connection: Any, page: Any, by_time: Order, by
         root: Any, info: strawberry.Info, from_: Any = None, to: Any = None, first: int = default, after: Any = None
     ) -> Any:
         lower, upper = time_bounds(from_, to)
-        return await page(info, by_time, partial(queries(info).fetch_all, name, lower, upper), first, after)
+        return await page(
+            info, by_time, partial(queries(info).fetch_all, name, lower, upper, max_lag=bound(root)), first, after
+        )
 
     async def fetch_range(
         root: Any,
@@ -137,7 +156,7 @@ def _scan_fields(plan: StorePlan, connection: Any, page: Any, by_time: Order, by
         after: Any = None,
     ) -> Any:
         lower, upper = time_bounds(from_, to)
-        read = partial(queries(info).fetch_range, name, from_key, to_key, lower, upper)
+        read = partial(queries(info).fetch_range, name, from_key, to_key, lower, upper, max_lag=bound(root))
         return await page(info, by_key, read, first, after)
 
     key = optional(plan.key.annotation)

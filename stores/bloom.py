@@ -71,7 +71,11 @@ class BloomStore:
         return [k in bloom for k in encoded]
 
     def approximate_count(self) -> int:
-        """Return about how many distinct keys were added."""
+        """Return about how many distinct keys were added.
+
+        There is no exact count, unlike the other stores: the filter keeps no keys, and telling a new key
+        from a false positive would take the keys themselves.
+        """
         self.db.check_queryable()
         return len(self._loaded())
 

@@ -1,4 +1,8 @@
-"""The key-value store view of one partition: point and range reads, and the merges a batch applies."""
+"""The key-value store view of one partition: point and range reads, and the merges a batch applies.
+
+Every write through the view keeps the exact number of keys (meta counter ``count:<store>``) in the
+same batch, so count() is exact where approximate_num_entries() is RocksDB's estimate.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from typing import Any
 
 from iqgraph.stores.aggregations import Aggregation, merge_state
 from iqgraph.stores.codecs import Key, KeyCodec, decode_value, encode_value
-from iqgraph.stores.partition import PartitionDB, PartitionTransaction
+from iqgraph.stores.partition import PartitionDB, PartitionTransaction, entries_counter
 from iqgraph.stores.scan import Page, inclusive_stop, paginate, prefix_stop
 from iqgraph.stores.spec import StoreKind
 
@@ -25,6 +29,7 @@ class KeyValueStore:
         self.name = name
         self.codec = KeyCodec(self.spec.key_type)
         self._finalize = self.spec.aggregation.finalize
+        self._entries_counter = entries_counter(name)
 
     def _value(self, raw: bytes | None) -> Any:
         return None if raw is None else self._finalize(decode_value(raw))
@@ -85,9 +90,21 @@ class KeyValueStore:
         return self.range(None, None, limit, after, states=states)
 
     def approximate_num_entries(self) -> int:
-        """Return RocksDB's estimate of the number of keys (fast; may be off after deletes)."""
+        """Return RocksDB's estimate of the number of keys (may be far off after updates and deletes)."""
         self.db.check_queryable()
         return self.db.family(self.name).property_int_value("rocksdb.estimate-num-keys") or 0
+
+    def count(self) -> int:
+        """Return the exact number of keys in this partition's store, as of the last committed batch."""
+        self.db.check_queryable()
+        return self.db.counter(self._entries_counter)
+
+    def _count_entries(self, tx: PartitionTransaction, added: int) -> None:
+        if added:
+            tx.increment(self._entries_counter, added)
+
+    def _exists(self, tx: PartitionTransaction, encoded: bytes) -> bool:
+        return tx.multi_get(self.name, [encoded])[0] is not None
 
     def merge(
         self, tx: PartitionTransaction, items: Iterable[tuple[Key, Any]], aggregation: Aggregation | None = None
@@ -101,6 +118,9 @@ class KeyValueStore:
         if not partials:
             return
         stored = tx.multi_get(self.name, list(partials))
+        # A new key's state is its partial, so it is stored (and counted) unless that is null.
+        added = sum(raw is None and p is not None for p, raw in zip(partials.values(), stored, strict=True))
+        self._count_entries(tx, added)
         merged = (
             (key, partial if raw is None else merge_state(agg, decode_value(raw), partial))
             for (key, partial), raw in zip(partials.items(), stored, strict=True)
@@ -110,8 +130,12 @@ class KeyValueStore:
 
     def put(self, tx: PartitionTransaction, key: Key, value: Any) -> None:
         """Store value under key, replacing any state."""
-        tx.put(self.name, self.codec.encode(key), encode_value(value))
+        encoded = self.codec.encode(key)
+        self._count_entries(tx, 0 if self._exists(tx, encoded) else 1)
+        tx.put(self.name, encoded, encode_value(value))
 
     def delete(self, tx: PartitionTransaction, key: Key) -> None:
-        """Remove key."""
-        tx.delete(self.name, self.codec.encode(key))
+        """Remove key (if it is stored)."""
+        encoded = self.codec.encode(key)
+        self._count_entries(tx, -1 if self._exists(tx, encoded) else 0)
+        tx.delete(self.name, encoded)

@@ -3,6 +3,11 @@
 It holds the next offset to apply for its topic-partition in the meta family, written in the same
 WriteBatch as the data that batch covers (invariant 1): a batch is applied whole with its offsets, or
 not at all. Handing a partition over is opening, closing or deleting one directory (invariant 2).
+
+Meta also holds counters (``counter:<name>``), among them the exact number of entries of each
+key-value and window store (``counter:count:<store>``), kept by the store views in the batch that
+changes the entries. A database written before entries were counted gets its counts on open, by one
+pass over each such store's family, before any batch can be applied.
 """
 
 from __future__ import annotations
@@ -26,12 +31,23 @@ from iqgraph.stores.exceptions import (
     StoreNotReadyError,
     UnknownStoreError,
 )
-from iqgraph.stores.spec import StoreSpec
+from iqgraph.stores.spec import StoreKind, StoreSpec
 
 log = logging.getLogger(__name__)
 
 META_CF = "__meta"
 NEXT_OFFSET_KEY = b"next_offset"
+COUNTED_KINDS = frozenset({StoreKind.KEY_VALUE, StoreKind.WINDOW})
+
+
+def counter_key(name: str) -> bytes:
+    """Return the meta key of counter name."""
+    return b"counter:" + name.encode()
+
+
+def entries_counter(store: str) -> str:
+    """Return the name of the counter of store's entries (keys, or (key, window) pairs)."""
+    return f"count:{store}"
 
 
 class PartitionState(enum.Enum):
@@ -76,6 +92,11 @@ class PartitionDB:
         self._handles: dict[str, ColumnFamily] = {}
         self._write_lock = threading.Lock()
         self.state = PartitionState.CREATED
+        try:
+            self._count_uncounted_stores()
+        except BaseException:
+            self.close()  # release the LOCK: the caller gets no handle to close
+            raise
 
     def __repr__(self) -> str:
         return f"PartitionDB({self.topic}-{self.partition}, {self.state.value})"
@@ -141,9 +162,26 @@ class PartitionDB:
         return values
 
     def counter(self, name: str) -> int:
-        """Return the counter name kept in meta (late records, bad records, …); 0 if never counted."""
-        raw = self.meta(b"counter:" + name.encode())
+        """Return the counter name kept in meta (late records, bad records, entries, …); 0 if never counted."""
+        raw = self.meta(counter_key(name))
         return 0 if raw is None else decode_int64(raw)
+
+    def _count_uncounted_stores(self) -> None:
+        """Count the entries of every counted store that has no entry counter yet, and store the counts.
+
+        Runs while the database is being opened, so no batch can write between the pass and the write.
+        """
+        batch = WriteBatch(raw_mode=True)
+        for spec in self.specs.values():
+            key = counter_key(entries_counter(spec.name))
+            if spec.kind not in COUNTED_KINDS or self.meta(key) is not None:
+                continue
+            count = sum(1 for _ in self.family(spec.name).keys())
+            if count:
+                log.info("%s: counted %d entries in store %s", self, count, spec.name)
+            batch.put(key, encode_int64(count), self.handle(META_CF))
+        if not batch.is_empty():
+            self.rdict.write(batch)
 
     def next_offset(self) -> int:
         """Return the offset of the first record not yet applied (0 for a new partition)."""
@@ -253,7 +291,7 @@ class PartitionTransaction:
 
     def increment(self, counter: str, amount: int) -> None:
         """Add amount to counter (see PartitionDB.counter) when the transaction commits."""
-        key = b"counter:" + counter.encode()
+        key = counter_key(counter)
         raw = self.multi_get(META_CF, [key])[0]
         self.put(META_CF, key, encode_int64((0 if raw is None else decode_int64(raw)) + amount))
 

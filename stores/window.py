@@ -3,7 +3,8 @@
 Two column families: ``<store>`` keyed by window key (key, then window start: ordered by key, then
 time) and ``<store>.by_time`` keyed by window start then key (ordered by time), which serves fetch_all
 and lets retention drop the oldest windows without scanning every key. Stream time (the largest event
-time applied) and the count of late records live in the meta family, written with each batch.
+time applied), the count of late records and the exact number of (key, window) entries (counter
+``count:<store>``) live in the meta family, written with each batch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from iqgraph.stores.aggregations import Aggregation, merge_state
 from iqgraph.stores.codecs import Key, KeyCodec, decode_int64, decode_value, encode_int64, encode_value
-from iqgraph.stores.partition import META_CF, PartitionDB, PartitionTransaction
+from iqgraph.stores.partition import META_CF, PartitionDB, PartitionTransaction, entries_counter
 from iqgraph.stores.scan import Page, inclusive_stop, paginate, scan
 from iqgraph.stores.spec import StoreKind, WindowSpec
 
@@ -46,6 +47,7 @@ class WindowStore:
         self.codec = KeyCodec(self.spec.key_type)
         self._stream_time_key = b"stream_time:" + name.encode()
         self._late_counter = f"late:{name}"
+        self._entries_counter = entries_counter(name)
 
     def stream_time(self) -> int | None:
         """Return the largest event time applied so far (None before the first record)."""
@@ -59,6 +61,19 @@ class WindowStore:
     def late_records(self) -> int:
         """Return how many records arrived after their window closed and were not applied."""
         return self.db.counter(self._late_counter)
+
+    def count(self) -> int:
+        """Return the exact number of (key, window) entries stored, as of the last committed batch.
+
+        A window past retention counts until retention drops it (reads hide it already), which the
+        batch that moves stream time past it does.
+        """
+        self.db.check_queryable()
+        return self.db.counter(self._entries_counter)
+
+    def _count_entries(self, tx: PartitionTransaction, added: int) -> None:
+        if added:
+            tx.increment(self._entries_counter, added)
 
     def _expired_before(self, stream_time: int | None) -> int:
         """Return the first window start still retained at stream_time."""
@@ -182,6 +197,7 @@ class WindowStore:
 
     def _apply(self, tx: PartitionTransaction, pairs: Sequence[tuple[bytes, int, Any]], agg: Aggregation) -> None:
         stored = tx.multi_get(self.name, [k for k, _, _ in pairs]) if pairs else []
+        self._count_entries(tx, sum(raw is None for raw in stored))
         for (key, start, partial), raw in zip(pairs, stored, strict=True):
             if raw is None:
                 tx.put(self.index, encode_int64(start) + key, b"")
@@ -190,9 +206,15 @@ class WindowStore:
 
     def _drop_expired(self, tx: PartitionTransaction, retained_from: int) -> None:
         stop = encode_int64(retained_from)
-        for index_key, _ in scan(self.db.family(self.index), None, lambda k: k >= stop):
+        index_keys = [k for k, _ in scan(self.db.family(self.index), None, lambda k: k >= stop)]
+        if not index_keys:
+            return
+        window_keys = [k[8:] for k in index_keys]
+        # Count only windows still stored: an earlier merge in this batch may have dropped some already.
+        self._count_entries(tx, -sum(raw is not None for raw in tx.multi_get(self.name, window_keys)))
+        for index_key, window_key in zip(index_keys, window_keys, strict=True):
             tx.delete(self.index, index_key)
-            tx.delete(self.name, index_key[8:])
+            tx.delete(self.name, window_key)
 
     def aggregate(
         self, tx: PartitionTransaction, records: Iterable[tuple[Key, int, Any]], aggregation: Aggregation | None = None

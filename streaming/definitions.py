@@ -36,7 +36,8 @@ Event = tuple["str | int | None", Any]
 EventGenerator = Callable[[int, int], Iterator[Event]]
 ValueFormat = Literal["json", "string", "bytes"]
 KeyFormat = Literal["string", "long"]
-Partitioner = Literal["murmur2", "consistent_random"]
+#: "auto": detected per topic from the keys' arrival partitions (see streaming.partitioner).
+Partitioner = Literal["auto", "murmur2", "consistent_random"]
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
@@ -50,7 +51,7 @@ class KafkaSettings:
 
     bootstrap_servers: str = "localhost:9092"
     config: Mapping[str, str] = field(default_factory=dict)
-    partitioner: Partitioner = "murmur2"
+    partitioner: Partitioner = "auto"
     dead_letter_topic: str | None = None
 
 

@@ -1,17 +1,30 @@
 """The producers' partitioner: which partition a key's records go to (invariant 4).
 
 murmur2 is the Kafka Java client's default (librdkafka's ``murmur2_random`` for keyed records);
-``consistent_random`` is librdkafka's CRC32 partitioner. Keys are hashed in their serialized form:
-UTF-8 for string keys, 8-byte big-endian for long keys (Kafka's LongSerializer).
+``consistent_random`` is librdkafka's CRC32 partitioner and confluent-kafka's default. Keys are hashed
+in their serialized form: UTF-8 for string keys, 8-byte big-endian for long keys (Kafka's LongSerializer).
+
+With ``KafkaSettings.partitioner = "auto"`` the partitioner is detected per topic from the records
+themselves: for each batch and partition, the sink sorts the batch's distinct keys by which hash puts
+them on the partition they arrived on (``PartitionerEvidence``: murmur2 only, CRC32 only, both — the
+hashes agree —, neither) and adds the counts to the partition database's meta counters
+(``EVIDENCE_COUNTERS``). ``detect`` turns the evidence summed over a topic's partitions into a verdict,
+``candidate_partitions`` into the partitions a key may live in.
 """
 
 from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import Final, Literal, NamedTuple
 
 from iqgraph.streaming.definitions import KeyFormat, Partitioner
+
+#: What detect() concludes about a topic's producers (the first two are also explicit partitioner names).
+Detection = Literal["murmur2", "consistent_random", "mixed", "unexplained", "unknown"]
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -68,4 +81,103 @@ def serialize_key(key: str | int, key_format: KeyFormat) -> bytes:
 @functools.lru_cache(maxsize=1 << 16)
 def partition_for(key: str | int, partitions: int, key_format: KeyFormat, partitioner: Partitioner) -> int:
     """Return the partition of key for a topic with the given partition count (recent keys are cached)."""
-    return PARTITIONERS[partitioner](serialize_key(key, key_format), partitions)
+    # "auto" routes as murmur2 here until routing asks detect() / candidate_partitions() instead.
+    name = "murmur2" if partitioner == "auto" else partitioner
+    return PARTITIONERS[name](serialize_key(key, key_format), partitions)
+
+
+class Placement(NamedTuple):
+    """The partition each partitioner puts one key on."""
+
+    murmur2: int
+    consistent_random: int
+
+
+def placement(key: bytes, partitions: int) -> Placement:
+    """Return where murmur2 and CRC32 put key (serialized) among partitions."""
+    return Placement(murmur2_partition(key, partitions), crc32_partition(key, partitions))
+
+
+def explained(where: Placement, partition: int, partitioner: Partitioner) -> bool:
+    """Return whether partitioner puts a key placed as where on partition ("auto": either hash does)."""
+    if partitioner == "auto":
+        return partition in where
+    return (where.murmur2 if partitioner == "murmur2" else where.consistent_random) == partition
+
+
+@dataclass(frozen=True)
+class PartitionerEvidence:
+    """How many distinct keys each partitioner explains: only murmur2, only CRC32, both, neither.
+
+    A key is counted once per batch and partition it arrives on; counts add up over batches and partitions.
+    """
+
+    murmur2: int = 0
+    consistent_random: int = 0
+    both: int = 0
+    neither: int = 0
+
+    def __add__(self, other: PartitionerEvidence) -> PartitionerEvidence:
+        return PartitionerEvidence(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+
+#: The partition database meta counters (PartitionDB.counter) that keep each field of the evidence.
+EVIDENCE_COUNTERS: Final[Mapping[str, str]] = MappingProxyType(
+    {f.name: f"partitioner:{f.name}" for f in fields(PartitionerEvidence)}
+)
+
+#: (murmur2 puts the key here, CRC32 does) -> the evidence field the key counts in.
+_EXPLAINED_BY: Final[Mapping[tuple[bool, bool], str]] = MappingProxyType(
+    {(True, True): "both", (True, False): "murmur2", (False, True): "consistent_random", (False, False): "neither"}
+)
+
+
+def evidence_of(placements: Iterable[Placement], partition: int) -> PartitionerEvidence:
+    """Return the evidence of distinct keys that arrived on partition, given where each hash puts them."""
+    counts = dict.fromkeys(EVIDENCE_COUNTERS, 0)
+    for where in placements:
+        counts[_EXPLAINED_BY[where.murmur2 == partition, where.consistent_random == partition]] += 1
+    return PartitionerEvidence(**counts)
+
+
+def evidence_from_counters(counter: Callable[[str], int]) -> PartitionerEvidence:
+    """Return the evidence kept in one partition database's counters (pass ``db.counter``)."""
+    return PartitionerEvidence(**{name: counter(kept) for name, kept in EVIDENCE_COUNTERS.items()})
+
+
+def detect(evidence: PartitionerEvidence) -> Detection:
+    """Return which partitioner the evidence shows the producers use.
+
+    "unexplained" if any key fits neither hash; "mixed" if some keys fit only murmur2 and others only
+    CRC32 (producers with different partitioners); "unknown" while no key tells the two apart.
+    """
+    if evidence.neither:
+        return "unexplained"
+    if evidence.murmur2 and evidence.consistent_random:
+        return "mixed"
+    if evidence.murmur2:
+        return "murmur2"
+    if evidence.consistent_random:
+        return "consistent_random"
+    return "unknown"
+
+
+def resolve(partitioner: Partitioner, evidence: PartitionerEvidence) -> Detection:
+    """Return the partitioner to route by: an explicit setting wins; "auto" detects from the evidence."""
+    return detect(evidence) if partitioner == "auto" else partitioner
+
+
+def candidate_partitions(key: bytes, partitions: int, detected: str) -> tuple[int, ...] | None:
+    """Return the partitions key (serialized) may live in, murmur2's first; None when routing cannot tell.
+
+    detected is a Detection (an explicit partitioner name counts as detected). "mixed" and "unknown" give
+    both hashes' partitions (one when they agree): reading both is right whichever producer wrote the key.
+    """
+    if detected == "unexplained":
+        return None
+    if detected in PARTITIONERS:
+        return (PARTITIONERS[detected](key, partitions),)
+    if detected not in ("mixed", "unknown"):
+        raise ValueError(f"not a partitioner or a detection: {detected!r}")
+    where = placement(key, partitions)
+    return (where.murmur2,) if where.murmur2 == where.consistent_random else tuple(where)

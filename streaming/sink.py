@@ -5,9 +5,14 @@ partition's next offset), decode, compute every store's partials in Spark, bring
 one Arrow transfer, and merge each partition's share into its database in ONE WriteBatch together with
 its new next offset (invariant 1). Bad records are counted per store, logged with topic/partition/offset
 and sent to the dead-letter topic when one is configured (before the commit: at least once there).
-Records whose key the producers' partitioner would send to another partition are counted and warned
-about: routing could not find them (invariant 4). An optional observer hears what each applied batch
-did (BatchReport: duration, records, bad records per store), e.g. the node's metrics.
+For the co-partitioned stores, each partition's distinct keys of the batch are sorted by which
+partitioner explains their arrival partition (murmur2 only, CRC32 only, both, neither) and counted in
+the same transaction (``partitioner.EVIDENCE_COUNTERS``): that is how routing detects the producers'
+partitioner per topic. Records whose key the configured partitioner would send to another partition
+(under "auto": neither would) are counted (``misrouted:<store>``) and warned about: routing could not
+find them (invariant 4). Both hashes of a key are computed once and cached. An optional observer hears
+what each applied batch did (BatchReport: duration, records, bad records per store), e.g. the node's
+metrics.
 """
 
 from __future__ import annotations
@@ -30,7 +35,14 @@ from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.decode import decode, value_schema
 from iqgraph.streaming.definitions import App, StoreDefinition, Topic
 from iqgraph.streaming.partials import partials_frame
-from iqgraph.streaming.partitioner import PARTITIONERS, serialize_key
+from iqgraph.streaming.partitioner import (
+    EVIDENCE_COUNTERS,
+    Placement,
+    evidence_of,
+    explained,
+    placement,
+    serialize_key,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -112,7 +124,7 @@ class StoreSink:
         self.tasks = tasks
         self.observer = observer
         self._schema = None
-        self._partition_of: dict[Any, int] = {}
+        self._placements: dict[Any, Placement] = {}  # key -> where each partitioner puts it
         self._lock = threading.Lock()
         self.stopping = False
 
@@ -202,11 +214,10 @@ class StoreSink:
         self, tx: PartitionTransaction, stores: PartitionStores, partition: int, batch: PartitionBatch
     ) -> dict[str, int]:
         bad = self._record_bad(tx, partition, batch.bad)
-        for store in self.stores:
+        keyed = [(store, self._keys(store, batch.partials.get(store.name, []))) for store in self.stores]
+        self._check_partitions(tx, partition, batch, [(s, keys) for s, keys in keyed if s.co_partitioned])
+        for store, keys in keyed:
             items = batch.partials.get(store.name, [])
-            keys = self._keys(store, items)
-            if store.co_partitioned:
-                self._check_partitions(tx, store, partition, keys, items)
             if store.kind is StoreKind.KEY_VALUE:
                 stores.kv(store.name).merge(tx, [(k, it[2]) for k, it in zip(keys, items, strict=True)])
             elif store.kind is StoreKind.WINDOW:
@@ -223,29 +234,45 @@ class StoreSink:
         return [it[0] for it in items]
 
     def _check_partitions(
-        self, tx: PartitionTransaction, store: StoreDefinition, partition: int, keys: list[Any], items: list[Any]
+        self,
+        tx: PartitionTransaction,
+        partition: int,
+        batch: PartitionBatch,
+        keyed: list[tuple[StoreDefinition, list[Any]]],
     ) -> None:
-        partitioner = PARTITIONERS[self.app.kafka.partitioner]
-        count = self.topic.partitions
-        misrouted = 0
-        for key, item in zip(keys, items, strict=True):
-            expected = self._partition_of.get(key)
-            if expected is None:
-                if len(self._partition_of) > 1_000_000:
-                    self._partition_of.clear()
-                expected = self._partition_of[key] = partitioner(serialize_key(key, self.topic.key_format), count)
-            if expected != partition:
-                misrouted += item[3]
-        if misrouted:
-            tx.increment(f"misrouted:{store.name}", misrouted)
-            log.warning(
-                "store %s: %d records on %s-%d have keys the %s partitioner puts elsewhere; queries cannot find them",
-                store.name,
-                misrouted,
-                self.topic.name,
-                partition,
-                self.app.kafka.partitioner,
+        placements = {key: self._placement(key) for _, keys in keyed for key in keys}
+        evidence = evidence_of(placements.values(), partition)
+        for field_name, counter in EVIDENCE_COUNTERS.items():
+            if amount := getattr(evidence, field_name):
+                tx.increment(counter, amount)
+        partitioner = self.app.kafka.partitioner
+        for store, keys in keyed:
+            items = batch.partials.get(store.name, [])
+            misrouted = sum(
+                item[3]
+                for key, item in zip(keys, items, strict=True)
+                if not explained(placements[key], partition, partitioner)
             )
+            if misrouted:
+                tx.increment(f"misrouted:{store.name}", misrouted)
+                log.warning(
+                    "store %s: %d records on %s-%d have keys %s there; queries cannot find them",
+                    store.name,
+                    misrouted,
+                    self.topic.name,
+                    partition,
+                    "neither murmur2 nor CRC32 puts"
+                    if partitioner == "auto"
+                    else f"the {partitioner} partitioner does not put",
+                )
+
+    def _placement(self, key: Any) -> Placement:
+        where = self._placements.get(key)
+        if where is None:
+            if len(self._placements) > 1_000_000:
+                self._placements.clear()
+            where = self._placements[key] = placement(serialize_key(key, self.topic.key_format), self.topic.partitions)
+        return where
 
     def _record_bad(
         self, tx: PartitionTransaction, partition: int, bad: list[tuple[str | None, dict[str, Any]]]

@@ -123,3 +123,13 @@ def wait_ready(nodes: Sequence[NodeProcess], timeout: float = 300) -> None:
             f"not ready after {timeout} s: {[n.id for n in pending]}\n"
             + "\n".join(n.log.read_text()[-2000:] for n in pending)
         )
+
+
+def restart_node(node: NodeProcess) -> NodeProcess:
+    """Start a stopped node again: the same command (port, peers, state directory, flags), its log appended."""
+    home = node.log.parent
+    process = subprocess.Popen(
+        node.process.args, cwd=home, env={**os.environ, "PYTHONPATH": str(home)}, stdout=node.log.open("a"),
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    return NodeProcess(node.id, node.url, process, node.log)

@@ -117,12 +117,16 @@ def test_scans_across_nodes_equal_the_union_without_gaps_or_duplicates(cluster: 
     assert items["data"]["itemsSold"]["mightContainMany"] == [True, False]
 
 
-def test_a_forwarded_request_is_never_forwarded_again(cluster: Any) -> None:
+def test_a_forwarded_request_is_answered_from_local_partitions_only(cluster: Any) -> None:
     nodes, truth, _ = cluster
-    key = next(k for k in sorted(truth.kv["order_count"]) if _owner(k) == "node-1")
-    body = nodes[0].post(GET_MANY, {"k": [key]}, **{"x-iqgraph-forwarded": "node-9"})
-    error = body["data"]["orderCount"]["getMany"] is None or body.get("errors")
-    assert error and body["errors"][0]["extensions"]["code"] == "STORE_MIGRATED", body
+    key = next(k for k in sorted(truth.kv["order_count"]) if _owner(k) == "node-1")  # not hosted by node-0
+    partition = partition_for(key, PARTITIONS, "string", "murmur2")
+    lookup = 'query($r: JSON!) { _lookup(store: "order_count", reads: $r) }'
+    body = nodes[0].post(lookup, {"r": [[key, None, None, [partition]]]}, **{"x-iqgraph-forwarded": "node-9"})
+    [result] = body["data"]["_lookup"]["results"]
+    assert result["error"]["extensions"]["code"] == "STORE_MIGRATED", body  # never forwarded again
+    plain = nodes[0].post(lookup, {"r": [[key, None, None, [partition]]]})
+    assert plain["errors"][0]["extensions"]["code"] == "BAD_REQUEST"  # internal fields answer peers only
 
 
 def test_when_a_node_dies_standbys_answer_with_lag_or_keys_fail_clearly(cluster: Any) -> None:

@@ -1,18 +1,28 @@
 """Kafka consumer-group membership with real nodes: a second node joins, partitions move and restore,
-and every key answers with the same values on both nodes."""
+and every key answers with the same values on both nodes; a member killed and restarted under load
+loses no answer (warm-up replicas)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import math
+import signal
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from iqgraph.examples.shop import build_app
 from iqgraph.streaming.broker import EmbeddedBroker, free_port
-from tests.app.cluster_nodes import NodeProcess, start_node, wait_ready, write_app_module
+from iqgraph.streaming.partitioner import partition_for
+from tests.app.cluster_nodes import NodeProcess, restart_node, start_node, wait_ready, write_app_module
+from tests.app.test_failover import Answered, Ingest, readyz
 from tests.conftest import MakeTopic
 from tests.streaming.ground_truth import expected
 from tests.streaming.test_pipeline import START_MS, send
@@ -22,11 +32,11 @@ GET_MANY = "query($k: [String!]!) { orderCount { getMany(keys: $k) } }"
 NODES = "{ nodes { id state partitions { partition role state appliedOffset endOffset } } }"
 
 
-def _start(home: Path, node_id: str) -> NodeProcess:
+def _start(home: Path, node_id: str, flags: Sequence[str] = (), session_ms: int = 2000) -> NodeProcess:
     port = free_port()
-    flags = ["--advertised-url", f"http://127.0.0.1:{port}", "--membership", "kafka",
-             "--group-session-timeout-ms", "2000"]  # fmt: skip
-    return start_node(home, "groupapp", node_id, port, flags)
+    group = ["--advertised-url", f"http://127.0.0.1:{port}", "--membership", "kafka",
+             "--group-session-timeout-ms", str(session_ms)]  # fmt: skip
+    return start_node(home, "groupapp", node_id, port, [*group, *flags])
 
 
 def _active(node: NodeProcess) -> dict[str, list[int]]:
@@ -75,3 +85,235 @@ def test_a_second_node_takes_partitions_which_restore_and_answer_the_same(
         for node in (first, second):
             if node is not None:
                 node.kill()
+
+
+KILLED, OUTAGE_S, AFTER_S = "node-c", 15.0, 3.0
+WARM_FLAGS = ["--standbys", "1", "--max-lag", "100000"]
+PLACEMENT = "{ stores { name placement { partition activeNode standbyNodes } } }"
+Placed = dict[int, tuple[str | None, tuple[str, ...]]]  # partition -> (active node, standby nodes)
+
+
+class Load:
+    """One thread per target asking it for every key (getMany) until stopped; every answer is kept."""
+
+    def __init__(self, targets: Sequence[NodeProcess], keys: Sequence[str], ingest: Ingest) -> None:
+        self.answers: list[Answered] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(node, keys, ingest), name=f"load-{node.id}", daemon=True)
+            for node in targets
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(40)
+
+    def _run(self, node: NodeProcess, keys: Sequence[str], ingest: Ingest) -> None:
+        with httpx.Client() as client:
+            while not self._stop.wait(0.02):  # leave the two cores some room for the nodes
+                before, sent = ingest.produced, time.monotonic()
+                try:
+                    body = client.post(
+                        f"{node.url}/graphql", json={"query": GET_MANY, "variables": {"k": list(keys)}}, timeout=30
+                    ).json()
+                except (httpx.HTTPError, ValueError) as exc:
+                    body = {"errors": [{"message": f"{exc.__class__.__name__}: {exc}"}]}
+                answer = Answered(node.id, tuple(keys), True, sent, time.monotonic(), before, ingest.produced, body)
+                self.answers.append(answer)
+
+
+def _placement(client: httpx.Client, node: NodeProcess) -> Placed:
+    """Return node's map of store order_count: per partition, its active and standby nodes."""
+    body = client.post(f"{node.url}/graphql", json={"query": PLACEMENT}, timeout=5).json()
+    store = next(s for s in body["data"]["stores"] if s["name"] == "order_count")
+    return {p["partition"]: (p["activeNode"], tuple(p["standbyNodes"])) for p in store["placement"]}
+
+
+class Timeline:
+    """In a thread, every quarter second: one node's map, and how another node's copies are (its /readyz)."""
+
+    def __init__(self, mapper: NodeProcess, watched: NodeProcess) -> None:
+        self.seen: list[tuple[float, Placed]] = []
+        self.copies: list[tuple[float, dict[int, tuple[str, int]]]] = []  # partition -> (state, lag)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(mapper, watched), name="timeline", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def first(self, after: float, condition: Callable[[Placed], bool]) -> float:
+        """Return how long after `after` the map first met condition (nan: never)."""
+        return next((t - after for t, placed in self.seen if t >= after and condition(placed)), math.nan)
+
+    def _run(self, mapper: NodeProcess, watched: NodeProcess) -> None:
+        with httpx.Client() as client:
+            while not self._stop.wait(0.25):
+                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError, StopIteration):
+                    self.seen.append((time.monotonic(), _placement(client, mapper)))
+                found = readyz(client, watched)
+                copies = {p["partition"]: (p["state"], p["lag"]) for p in found[1]["partitions"]} if found else {}
+                self.copies.append((time.monotonic(), copies))
+
+
+def _settled(nodes: list[NodeProcess], node_id: str) -> bool:
+    """Return whether every node is ready and maps the same actives, node_id serving some of them."""
+    with httpx.Client() as client:
+        if any((seen := readyz(client, n)) is None or seen[0] != 200 for n in nodes):
+            return False
+        actives = [{p: owners[0] for p, owners in _placement(client, n).items()} for n in nodes]
+    return all(a == actives[0] for a in actives) and node_id in actives[0].values() and None not in actives[0].values()
+
+
+def _wait_settled(nodes: list[NodeProcess], node_id: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not _settled(nodes, node_id):
+        if time.monotonic() > deadline:
+            with httpx.Client() as client:
+                raise AssertionError(f"maps did not settle with {node_id} active: {_placement(client, nodes[0])}")
+        time.sleep(0.5)
+
+
+def _caught_up(nodes: list[NodeProcess], ingest: Ingest, timeout: float = 90) -> None:
+    """Wait until every node has applied every produced event of every partition it hosts."""
+    ends = Counter(partition_for(k, PARTITIONS, "string", "murmur2") for k in ingest.keys)
+    deadline, behind = time.monotonic() + timeout, {}
+    with httpx.Client() as client:
+        while time.monotonic() < deadline:
+            seen = {n.id: readyz(client, n) for n in nodes}
+            behind = {
+                node: found if found is None or found[0] != 200 else
+                [p["partition"] for p in found[1]["partitions"] if p["appliedOffset"] < ends[p["partition"]]]
+                for node, found in seen.items()
+            }  # fmt: skip
+            if not any(behind.values()):
+                return
+            time.sleep(0.5)
+    raise AssertionError(f"not caught up with {dict(ends)} after {timeout} s: {behind}")
+
+
+def _story(timeline: Timeline, killed: float, answers: Sequence[Answered]) -> str:
+    """Return, in seconds after the kill, each change of the map (active/standbys) and each failed answer."""
+    lines, previous = [f"killed at epoch {time.time() - (time.monotonic() - killed):.2f}"], None
+    for t, placed in timeline.seen:
+        if placed != previous:
+            shown = " ".join(
+                f"{p}:{(a or '-')[-1]}/{''.join(n[-1] for n in s)}" for p, (a, s) in sorted(placed.items())
+            )
+            lines.append(f"{t - killed:7.2f} map {shown}")
+        previous = placed
+    shown_copies = None
+    for t, copies in timeline.copies:
+        states = {p: state for p, (state, _lag) in copies.items()}
+        if states != shown_copies:
+            where = " ".join(f"{p}:{state[:4]}/{lag}" for p, (state, lag) in sorted(copies.items())) or "down"
+            lines.append(f"{t - killed:7.2f} {KILLED} copies {where}")
+        shown_copies = states
+    for a in answers:
+        if a.errors:
+            messages = sorted({e.get("message", "?")[:120] for e in a.errors})
+            lines.append(f"{a.sent - killed:7.2f} {a.node} failed: {len(a.errors)} errors, e.g. {messages[:3]}")
+    head, *rest = lines
+    return "\n".join([head, *sorted(rest, key=lambda line: float(line.split()[0]))])
+
+
+def _out_of_bounds(answer: Answered, ingest: Ingest, initial: int) -> list[str]:
+    """Return what is wrong with an answer's counts: a silent null, or a count outside what was produced."""
+    wrong = []
+    for key, value in zip(answer.keys, answer.values(), strict=True):
+        low, high = ingest.count(key, initial), ingest.count(key, answer.produced_after)
+        if value is None or not low <= value <= high:
+            wrong.append(f"{key}: {value} not in [{low}, {high}]")
+    return wrong
+
+
+def test_a_member_killed_and_restarted_under_load_loses_no_answer(
+    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Warm-up replicas: a crashed member's partitions go to their standbys at once; back, it takes them again
+    only once caught up. Reads of every key on the survivors never fail, never return a silent null."""
+    started = time.monotonic()
+    topic = make_topic(PARTITIONS, prefix="orders")
+    app = build_app(topic, PARTITIONS)
+    assert app.generator is not None
+    ingest = Ingest(broker.bootstrap_servers, topic, app.generator(71, START_MS))
+    ingest.produce(2_000)
+    initial, keys = ingest.produced, sorted(set(ingest.keys))
+    write_app_module(tmp_path, "groupapp", topic, PARTITIONS, broker.bootstrap_servers)
+    nodes = [_start(tmp_path, node_id, WARM_FLAGS, session_ms=6000) for node_id in ("node-a", "node-b", KILLED)]
+    load = Load(nodes[:2], keys, ingest)
+    timeline: Timeline | None = None
+    try:
+        wait_ready(nodes)
+        _wait_settled(nodes, KILLED, 90)
+        with httpx.Client() as client:
+            held = {p for p, owners in _placement(client, nodes[0]).items() if owners[0] == KILLED}
+        ready_s = time.monotonic() - started
+        timeline = Timeline(nodes[0], nodes[2])
+        ingest.start()
+        load.start()
+        time.sleep(3)
+        killed = time.monotonic()
+        nodes[2].process.send_signal(signal.SIGKILL)
+        nodes[2].process.wait()
+        time.sleep(OUTAGE_S)
+        restarted = time.monotonic()
+        nodes[2] = restart_node(nodes[2])
+        _wait_settled(nodes, KILLED, 120)
+        back_s = time.monotonic() - restarted
+        time.sleep(AFTER_S)
+        load.stop()
+        ingest.stop()
+        timeline.stop()
+
+        answers = load.answers
+        failed = [
+            (
+                round(a.sent - killed, 1),
+                a.node,
+                sorted({(e.get("extensions") or {}).get("code", "?") for e in a.errors}),
+            )
+            for a in answers
+            if a.errors or "data" not in a.body
+        ]
+        wrong = [
+            (round(a.sent - killed, 1), a.node, w[:2])
+            for a in answers
+            if not a.errors and (w := _out_of_bounds(a, ingest, initial))
+        ]
+        stale = [a for a in answers if a.staleness]
+        taken = timeline.first(killed, lambda placed: all(placed[p][0] not in (KILLED, None) for p in held))
+        rejoined = timeline.first(restarted, lambda placed: any(KILLED in owners[1] for owners in placed.values()))
+        again = timeline.first(restarted, lambda placed: all(placed[p][0] == KILLED for p in held))
+        print(
+            f"\nwarm-up failover: {len(answers)} answers, {len(failed)} failed, {len(wrong)} wrong or silent nulls, "
+            f"{len(stale)} with "
+            f"staleness; {KILLED} held {sorted(held)}: its standbys active {taken:.1f} s after the kill; after the "
+            f"restart it is back in the map in {rejoined:.1f} s, active again in {again:.1f} s, every node ready with "
+            f"the same map in {back_s:.1f} s; cluster ready in {ready_s:.0f} s, {ingest.produced} events, longest "
+            f"answer {max(a.received - a.sent for a in answers):.2f} s"
+        )
+        print(_story(timeline, killed, answers))
+        assert not failed, f"{len(failed)} of {len(answers)} answers failed (seconds after the kill): {failed[:5]}"
+        assert not wrong, f"{len(wrong)} of {len(answers)} answers were wrong: {wrong[:5]}"
+
+        _caught_up(nodes, ingest)
+        truth = Counter(ingest.keys)
+        everything = sorted(truth)
+        for node in nodes:
+            answer = node.post(GET_MANY, {"k": everything})
+            assert answer["data"]["orderCount"]["getMany"] == [truth[k] for k in everything], node.id
+        print(f"run {time.monotonic() - started:.0f} s")
+    finally:
+        load.stop()
+        if timeline is not None:
+            timeline.stop()
+        for node in nodes:
+            node.kill()

@@ -1,12 +1,15 @@
-"""GroupMembership on the embedded Tansu broker: join, rebalance on join and leave, standbys, crash expiry."""
+"""GroupMembership on the embedded Tansu broker: join, rebalance on join and leave, standbys, crash expiry,
+warm-up replicas; and build_map's rules (pure)."""
 
 from __future__ import annotations
 
+import json
+import random
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -16,10 +19,12 @@ from iqgraph.app.group_membership import (
     GroupMembership,
     GroupMembershipError,
     MemberRecord,
+    Replicas,
     build_map,
     metadata_topic_for,
 )
 from iqgraph.app.membership import ClusterMap, Member, PartitionOwners
+from iqgraph.app.routing import ReplicaState
 from iqgraph.streaming.broker import EmbeddedBroker
 from tests.conftest import MakeTopic
 
@@ -42,10 +47,11 @@ def join(broker: EmbeddedBroker, topic: str) -> Iterator[Join]:
     """Return join(node_id, standbys=0): a started member of a fresh group over topic; all stop at teardown."""
     app, started = f"app-{uuid.uuid4().hex[:8]}", []
 
-    def make(node_id: str, standbys: int = 0) -> GroupMembership:
+    def make(node_id: str, standbys: int = 0, replicas: Replicas | None = None) -> GroupMembership:
         member = GroupMembership(
             node_id, url_of(node_id), app, {topic: PARTITIONS}, broker.bootstrap_servers, standbys=standbys,
             session_timeout_ms=SESSION_MS, heartbeat_s=0.5, liveness_s=3.0, start_timeout_s=DEADLINE_S,
+            replicas=replicas,
         )  # fmt: skip
         member.start()
         started.append(member)
@@ -213,3 +219,140 @@ def test_build_map_prefers_the_highest_generation_and_drops_silent_members() -> 
     assert cmap.owners_of("t", 4) == PartitionOwners(None)
     assert cmap.owners_of("t", 0).standbys == ("b",) and cmap.owners_of("t", 3).standbys == ("a",)
     assert MemberRecord.decode(records["a"].encode()) == records["a"]
+
+
+def test_a_joiner_is_active_only_once_it_reports_its_partitions_caught_up(join: Join, topic: str) -> None:
+    reports: dict[str, Mapping[tuple[str, int], tuple[str, int | None]]] = {
+        "a": {(topic, p): ("RUNNING", 0) for p in range(PARTITIONS)},
+        "b": {(topic, p): ("RESTORING", 50_000) for p in range(PARTITIONS)},
+    }
+    first = join("a", replicas=lambda: reports["a"])
+    second = join("b", replicas=lambda: reports["b"])
+
+    def warming(cmap: ClusterMap) -> set[int]:  # no standbys asked for: b is a standby only while it warms up
+        return {p for p in range(PARTITIONS) if "b" in cmap.owners_of(topic, p).standbys}
+
+    wait_for(lambda: bool(warming(first.current())), "b claims a share and warms it up as a standby")
+    wait_for(lambda: second.current() == first.current(), "both nodes have the same map")
+    claimed = warming(first.current())
+    assert active(first.current(), "a", topic) == set(range(PARTITIONS)), "a stays active while b warms up"
+
+    reports["b"] = {(topic, p): ("RUNNING", 0) for p in claimed}
+    handed_s = wait_for(lambda: active(first.current(), "b", topic) == claimed, "b is active once caught up")
+    assert active(first.current(), "a", topic) == set(range(PARTITIONS)) - claimed
+    assert all(first.current().owners_of(topic, p).standbys == () for p in range(PARTITIONS))
+    print(f"warm-up: b active {handed_s:.2f} s after it reported its {sorted(claimed)} caught up")
+
+
+NOW = 1000.0
+
+
+def record(
+    node: str,
+    claims: tuple[int, ...],
+    hosted: Mapping[int, tuple[str, int | None]],
+    generation: int = 5,
+    age: float = 1,
+) -> MemberRecord:
+    """Return node's record on topic t: its claims, and its hosted copies' (state, lag)."""
+    copies = {("t", p): ReplicaState(state, lag) for p, (state, lag) in hosted.items()}
+    return MemberRecord(node, f"http://{node}", {"t": claims}, generation, NOW - age, copies)
+
+
+def owners(records: list[MemberRecord], partition: int, recovery_lag: int = 1_000) -> PartitionOwners:
+    cmap = build_map({r.node_id: r for r in records}, now=NOW, liveness_s=6.0, standbys=1, recovery_lag=recovery_lag)
+    return cmap.owners_of("t", partition)
+
+
+def test_a_joiner_not_caught_up_warms_up_as_a_standby_while_the_previous_owner_stays_active() -> None:
+    # c joined and claims 2, which b owned before; c's standby-to-be a does not run 2 yet
+    a = record("a", (0,), {0: ("RUNNING", 3), 2: ("RESTORING", 900)})
+    b = record("b", (1,), {1: ("RUNNING", 0), 0: ("RUNNING", 2), 2: ("RUNNING", 5)})
+    c = record("c", (2,), {2: ("RESTORING", 50_000), 1: ("RESTORING", 800)})
+
+    assert owners([a, b, c], 2) == PartitionOwners("b", ("c", "a"))
+    assert owners([a, b, c], 0) == PartitionOwners("a", ("b",))  # caught-up claimants keep today's rule
+    assert owners([a, b, c], 1) == PartitionOwners("b", ("c",))
+
+
+def test_a_joiner_running_within_the_recovery_lag_becomes_active() -> None:
+    a = record("a", (0,), {0: ("RUNNING", 3), 2: ("RUNNING", 1)})
+    b = record("b", (1,), {1: ("RUNNING", 0), 2: ("RUNNING", 0)})
+
+    caught_up = record("c", (2,), {2: ("RUNNING", 1_000)})
+    assert owners([a, b, caught_up], 2) == PartitionOwners("c", ("a",))
+    assert owners([a, b, caught_up], 2, recovery_lag=999) == PartitionOwners("a", ("c",))
+    lag_unknown = record("c", (2,), {2: ("RUNNING", None)})
+    assert owners([a, b, lag_unknown], 2) == PartitionOwners("a", ("c",))
+
+
+def test_the_claimants_standby_is_preferred_to_an_outsider_with_less_lag() -> None:
+    # a (c's standby) and b (the previous owner) both run 2: a keeps it anyway, so b does not flip in and out
+    a = record("a", (0,), {2: ("RUNNING", 40)})
+    b = record("b", (1,), {2: ("RUNNING", 5)})
+    c = record("c", (2,), {2: ("RESTORING", 50_000)})
+    assert owners([a, b, c], 2) == PartitionOwners("a", ("c",))
+    assert owners([a, b, record("c", (2,), {2: ("RUNNING", 20_000)})], 2) == PartitionOwners("a", ("c",))
+
+
+def test_with_no_copy_caught_up_the_most_advanced_of_the_claims_copies_is_active() -> None:
+    a = record("a", (0,), {2: ("RUNNING", 5_000)})  # c's standby, RUNNING beyond the recovery lag
+    b = record("b", (1,), {2: ("RESTORING", 10)})  # an outsider: never chosen by this rule
+    c = record("c", (2,), {2: ("RESTORING", 50_000)})
+    assert owners([a, b, c], 2) == PartitionOwners("a", ("c",))
+    restarting = record("a", (0,), {2: ("RESTORING", 300)})  # its pipeline restarts: seconds from RUNNING
+    assert owners([restarting, b, record("c", (2,), {})], 2) == PartitionOwners("a", ("c",))
+    assert owners([restarting, b, c], 2) == PartitionOwners("a", ("c",))
+    assert owners([record("a", (0,), {}), b, c], 2) == PartitionOwners("c", ("a",))
+    assert owners([record("c", (2,), {})], 2) == PartitionOwners("c", ())
+
+
+def test_a_crashed_claimants_partitions_go_at_once_to_the_best_running_copy() -> None:
+    c = record("c", (2, 3, 4), {2: ("RUNNING", 0), 3: ("RUNNING", 0), 4: ("RUNNING", 0)}, age=60)  # expired
+    a = record("a", (0,), {0: ("RUNNING", 0), 2: ("RUNNING", 7), 3: ("RUNNING", 20_000), 4: ("RESTORING", 0)})
+    b = record("b", (1,), {1: ("RUNNING", 0), 2: ("RUNNING", 9), 3: ("RUNNING", 30_000), 4: ("RESTORING", 0)})
+
+    assert owners([a, b, c], 2) == PartitionOwners("a", ("b",))  # least lag
+    assert owners([a, b, c], 3) == PartitionOwners("a", ("b",))  # beyond the recovery lag: still better than none
+    assert owners([a, b, c], 4) == PartitionOwners("a", ("b",))  # restoring everywhere: reads wait for it
+    assert owners([a, b, c], 5) == PartitionOwners(None)  # nobody hosts it
+    cmap = build_map({r.node_id: r for r in (a, b, c)}, now=NOW, liveness_s=6.0, standbys=1)
+    assert set(cmap.members) == {"a", "b"} and cmap.hosted_partitions("b") == {"t": [0, 1, 2, 3, 4]}
+
+
+def test_an_unclaimed_partition_keeps_every_copy_it_has() -> None:
+    c = record("c", (2,), {2: ("RUNNING", 0)}, age=60)  # expired
+    hosts = [record(n, (), {2: ("RUNNING", 10), 0: ("RUNNING", 0)}) for n in ("a", "b", "d")]
+    cmap = build_map({r.node_id: r for r in (c, *hosts)}, now=NOW, liveness_s=6.0, standbys=1)
+    assert cmap.owners_of("t", 2) == PartitionOwners("a", ("b", "d"))
+
+
+def test_build_map_is_deterministic() -> None:
+    rng = random.Random(7)
+    states = ["RUNNING", "RESTORING", "CREATED"]
+    records = [
+        record(
+            node,
+            tuple(p for p in range(8) if p % 3 == i),
+            {p: (rng.choice(states), rng.choice([None, 0, 500, 5_000])) for p in range(8) if rng.random() < 0.6},
+            generation=4 + i % 2,
+            age=rng.choice([1, 2, 60]),
+        )
+        for i, node in enumerate(["a", "b", "c"])
+    ]
+    built = [
+        build_map({r.node_id: r for r in rng.sample(records, len(records))}, now=NOW, liveness_s=6.0, standbys=1)
+        for _ in range(5)
+    ]
+    assert all(cmap == built[0] for cmap in built)
+
+
+def test_a_record_carries_its_hosted_copies_and_old_records_still_decode() -> None:
+    new = record("a", (0, 1), {0: ("RUNNING", 3), 5: ("RESTORING", None)})
+    assert json.loads(new.encode())["hosted"] == {"t": {"0": ["RUNNING", 3], "5": ["RESTORING", None]}}
+    assert MemberRecord.decode(new.encode()) == new
+
+    old = b'{"node_id": "a", "url": "http://a", "generation": 3, "time": 999.0, "active": {"t": [0, 1]}}'
+    assert MemberRecord.decode(old) == MemberRecord("a", "http://a", {"t": (0, 1)}, 3, 999.0)
+    cmap = build_map({"a": MemberRecord.decode(old)}, now=NOW, liveness_s=6.0, standbys=1)
+    assert cmap.owners_of("t", 0) == PartitionOwners("a", ())

@@ -1,6 +1,8 @@
 """One HTTP suite against a real `iqgraph serve` process: real uvicorn, real Spark, the real broker.
 
-Values read over HTTP equal a Python computation over the produced events; bad requests get GraphQL
+The events are produced as a new user would: confluent-kafka with its DEFAULT partitioner
+(consistent_random, CRC32 — not the Java client's murmur2), and the app leaves its partitioner at
+``auto``. Values read over HTTP equal a Python computation over the produced events; bad requests get GraphQL
 errors with codes, never a 500 or a traceback; SIGTERM shuts the node down cleanly.
 """
 
@@ -19,13 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from iqgraph.examples.shop import build_app
-from iqgraph.streaming.broker import EmbeddedBroker, free_port
+from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
+from iqgraph.streaming.partitioner import crc32_partition
 from tests.conftest import MakeTopic
 from tests.streaming.ground_truth import Expected, expected
-from tests.streaming.test_pipeline import START_MS, send
+from tests.streaming.test_pipeline import START_MS
+
+LIBRDKAFKA_DEFAULT_PARTITIONER = "consistent_random"
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
@@ -69,7 +75,9 @@ def served(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pyte
     app = build_app(topic, PARTITIONS)
     assert app.generator is not None
     events = list(itertools.islice(app.generator(41, START_MS), EVENTS))
-    send(broker, topic, events)
+    # librdkafka's default partitioner (no setting): produce() otherwise sets the Java client's murmur2
+    records = [(k.encode(), orjson.dumps(v), None) for k, v in events]
+    produce(broker.bootstrap_servers, topic, records, {"partitioner": LIBRDKAFKA_DEFAULT_PARTITIONER})
     home = tmp_path_factory.mktemp("served")
     (home / "httpapp.py").write_text(
         textwrap.dedent(f"""
@@ -129,6 +137,17 @@ def test_values_over_http_equal_the_ground_truth(served: Served) -> None:
     average = served.truth.kv["average_order"]
     assert data["averageOrder"]["getMany"] == pytest.approx([average[k] for k in keys], rel=1e-9)
     assert data["largestOrder"]["getMany"] == [served.truth.kv["largest_order"][k] for k in keys]
+
+
+def test_the_producers_partitioner_is_detected_and_routes_every_key(served: Served) -> None:
+    stores = served.data("{ stores { name partitioner } }")["stores"]
+    assert {s["name"]: s["partitioner"] for s in stores}["order_count"] == "consistent_random"
+    key = sorted(served.truth.kv["order_count"])[0]
+    meta = served.data(f'{{ keyMetadata(store: "order_count", key: "{key}") {{ partition }} }}')
+    assert meta["keyMetadata"]["partition"] == crc32_partition(key.encode(), PARTITIONS)
+    rest = httpx.get(f"{served.url}/stores/order_count/keys/{key}", timeout=30)
+    assert rest.json()["value"] == served.truth.kv["order_count"][key]
+    assert httpx.get(f"{served.url}/stores/order_count/keys/nobody", timeout=30).status_code == 404
 
 
 def test_windows_and_latest_over_http(served: Served) -> None:

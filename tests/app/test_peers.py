@@ -26,7 +26,7 @@ async def graphql(request: Request) -> JSONResponse:
     SEEN.append({"headers": dict(request.headers), "body": body})
     if body["variables"].get("store") == "broken":
         return JSONResponse({"data": None, "errors": [{"message": "no", "extensions": {"code": "UNKNOWN_STORE"}}]})
-    return JSONResponse({"data": {"_count": 42}})
+    return JSONResponse({"data": {"_count": {"counts": {"1": 40, "4": 2}, "positions": {"1": 7}, "lags": {"1": 0}}}})
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +51,20 @@ def peer_url() -> Iterator[str]:
 
 async def test_forwarded_requests_carry_the_marker_and_the_callers_authorization(peer_url: str) -> None:
     client = PeerClient("node-7")
-    assert await client.count(peer_url, "order_count", [1, 4], "Bearer secret") == 42
+    answer = await client.count(peer_url, "order_count", [1, 4], True, "Bearer secret")
+    assert (answer.value, answer.positions, answer.lags) == ({1: 40, 4: 2}, {1: 7}, {1: 0})
     request = SEEN[-1]
     assert request["headers"][FORWARDED_HEADER] == "node-7"
     assert request["headers"]["authorization"] == "Bearer secret"
-    assert request["body"]["variables"] == {"store": "order_count", "partitions": [1, 4]}
+    assert request["body"]["variables"] == {"store": "order_count", "partitions": [1, 4], "exact": True}
     assert client.sent[peer_url] == 1
 
 
 async def test_peer_errors_keep_their_code_and_dead_peers_are_unavailable(peer_url: str) -> None:
     client = PeerClient("node-7", timeout_s=1.0)
     with pytest.raises(PeerError) as failed:
-        await client.count(peer_url, "broken", [0], None)
+        await client.count(peer_url, "broken", [0], True, None)
     assert failed.value.code == "UNKNOWN_STORE"
     assert "authorization" not in SEEN[-1]["headers"]
     with pytest.raises(PeerUnavailableError):
-        await client.count(f"http://127.0.0.1:{free_port()}", "order_count", [0], None)
+        await client.count(f"http://127.0.0.1:{free_port()}", "order_count", [0], True, None)

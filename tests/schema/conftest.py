@@ -1,7 +1,8 @@
-"""Fixtures of the schema tests: real partition databases in tmp_path behind LocalStoreQueries, and the API.
+"""Fixtures of the schema tests: real partition databases in tmp_path behind the production query path.
 
 ``Api.run`` executes a document with ``schema.execute`` and a fresh context, as the server does per
-request. The StoreQueries is LocalStoreQueries, subclassed only to record the batched calls it gets.
+request. The StoreQueries is the node's own ClusterStoreQueries over a one-member cluster map (a single
+node), subclassed only to record the batched calls it gets.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import strawberry
 from pyspark.sql.types import DataType
 from strawberry.types import ExecutionResult
 
-from iqgraph.app.local_queries import LocalStoreQueries, RetryPolicy
+from iqgraph.app.cluster_queries import ClusterStoreQueries
 from iqgraph.schema import Limits, build_schema, context_getter
 from iqgraph.stores import Key, PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.definitions import App
+from tests.queries import single_node
 from tests.schema.apps import (
     LAB_TOPIC,
     LAB_TYPES,
@@ -36,24 +38,26 @@ from tests.schema.apps import (
 Hosted = dict[str, dict[int, PartitionStores]]
 
 
-class RecordingQueries(LocalStoreQueries):
-    """LocalStoreQueries that records each batched point read it is asked for."""
+class RecordingQueries(ClusterStoreQueries):
+    """The production StoreQueries, recording each batched point read it is asked for (shared by bind)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[str, str, list[Any]]] = []
 
-    async def get_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
+    async def get_many(self, store: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Any]:
         self.calls.append(("get_many", store, list(keys)))
-        return await super().get_many(store, keys)
+        return await super().get_many(store, keys, max_lag)
 
-    async def fetch_many(self, store: str, requests: Sequence[tuple[Key, int, int]]) -> list[Any]:
+    async def fetch_many(
+        self, store: str, requests: Sequence[tuple[Key, int, int]], max_lag: int | None = None
+    ) -> list[Any]:
         self.calls.append(("fetch_many", store, list(requests)))
-        return await super().fetch_many(store, requests)
+        return await super().fetch_many(store, requests, max_lag)
 
-    async def might_contain_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
+    async def might_contain_many(self, store: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Any]:
         self.calls.append(("might_contain_many", store, list(keys)))
-        return await super().might_contain_many(store, keys)
+        return await super().might_contain_many(store, keys, max_lag)
 
 
 @dataclass
@@ -68,10 +72,14 @@ class Api:
     def __post_init__(self) -> None:
         self.schema = build_schema(self.queries.stores(), self.limits, description=self.app.description)
 
-    async def run(self, query: str, variables: dict[str, Any] | None = None) -> ExecutionResult:
-        """Execute query with a fresh request context."""
+    async def run(
+        self, query: str, variables: dict[str, Any] | None = None, extensions: dict[str, Any] | None = None
+    ) -> ExecutionResult:
+        """Execute query with a fresh request context (and the request's GraphQL extensions, if any)."""
         context = context_getter(self.queries, self.limits)()
-        return await self.schema.execute(query, variable_values=variables, context_value=context)
+        return await self.schema.execute(
+            query, variable_values=variables, context_value=context, operation_extensions=extensions
+        )
 
     async def data(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
         """Execute query and return its data, failing on any error."""
@@ -112,7 +120,7 @@ def api_factory(app: App, types: Mapping[str, DataType], hosted: Hosted) -> Make
         deadline_ms: int = 50,
         cls: type[RecordingQueries] = RecordingQueries,
     ) -> Api:
-        queries = cls(app, types, hosted if partitions is None else partitions, retry=RetryPolicy(deadline_ms))
+        queries = single_node(app, types, hosted if partitions is None else partitions, deadline_ms, cls)
         return Api(app, queries, limits or Limits())
 
     return make

@@ -28,16 +28,19 @@ async def test_store_not_ready_says_the_state_and_when_to_retry(
         '{ orderCount { getMany(keys: ["customer-00", "customer-01"]) all { pageInfo { hasNextPage } } } }'
     )
     assert result.data == {
-        "orderCount": {"getMany": [truth.counts()["customer-00"], None], "all": None}
-    }  # the rest of the answer stands
+        "orderCount": {"getMany": [truth.counts()["customer-00"], None], "all": {"pageInfo": {"hasNextPage": False}}}
+    }  # the rest of the answer stands: a scan pages what it can read and names what it could not
     errors = [e.formatted for e in result.errors or []]
-    by_path = {tuple(e["path"]): e["extensions"] for e in errors}
+    by_path = {tuple(e.get("path") or ()): e["extensions"] for e in errors}
     assert by_path[("orderCount", "getMany", 1)] == {
         "code": "STORE_NOT_READY",
         "retryAfterMs": 1000,
         "state": "RESTORING",
     }
-    assert by_path[("orderCount", "all")]["code"] == "STORE_NOT_READY"
+    partial = by_path[()]
+    assert partial["code"] == "PARTIAL_RESULT"
+    assert partial["missingPartitions"] == [shop_partition("customer-01")]
+    assert "RESTORING" in partial["reasons"][0]
 
 
 async def test_a_key_of_another_partition_owner_is_store_migrated(make_shop: MakeApi, shop_hosted: Hosted) -> None:
@@ -117,7 +120,7 @@ async def test_syntax_and_unknown_fields(shop: Api) -> None:
 class Failing(RecordingQueries):
     """A StoreQueries with a bug: it raises something no one expects."""
 
-    async def get_many(self, store: str, keys: Sequence[Key]) -> list[Any]:
+    async def get_many(self, store: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Any]:
         raise RuntimeError("secret: /var/lib/iqgraph password=hunter2")
 
     def node(self) -> Any:

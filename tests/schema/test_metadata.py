@@ -70,8 +70,12 @@ async def test_key_metadata_names_the_partition_and_active_node(shop: Api) -> No
     }
     by_field = await shop.data(query, {"s": "orderCount", "k": "customer-05"})
     assert by_field == by_name
-    not_co_partitioned = await shop.data(query, {"s": "items_sold", "k": "widget"})
+    not_co_partitioned = await shop.data(
+        '{ keyMetadata(store: "items_sold", key: "widget") { partition partitions note } }'
+    )
     assert not_co_partitioned["keyMetadata"]["partition"] is None
+    assert not_co_partitioned["keyMetadata"]["partitions"] == [0, 1, 2]
+    assert "keyed by a column" in not_co_partitioned["keyMetadata"]["note"]
 
 
 async def test_key_metadata_of_a_long_key(lab: Api) -> None:

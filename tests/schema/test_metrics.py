@@ -68,7 +68,7 @@ async def test_each_root_field_is_counted_and_timed_with_its_store(measured: Mea
 
 
 async def test_a_store_argument_names_the_store_only_when_it_is_one(measured: Measured) -> None:
-    query = "query($s: String!) { keyMetadata(store: $s, key: \"customer-00\") { partition } }"
+    query = 'query($s: String!) { keyMetadata(store: $s, key: "customer-00") { partition } }'
     await measured.api.data(query, {"s": "total_spend"})
     await measured.api.data('{ keyMetadata(store: "order_count", key: "customer-00") { partition } }')
     errors = await measured.api.errors(query, {"s": "made-up-by-a-client"})

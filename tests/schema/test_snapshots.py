@@ -15,7 +15,7 @@ import graphql
 import pytest
 from pyspark.sql.types import DataType
 
-from iqgraph.app.local_queries import LocalStoreQueries
+from iqgraph.app.local_partitions import store_info
 from iqgraph.schema import Limits, build_schema
 from iqgraph.streaming.definitions import App
 from tests.schema.apps import SHOP_TYPES, WEBLOG_TYPES, shop_app, weblog_app
@@ -43,7 +43,7 @@ WEBLOG_QUERY = """{
 
 def sdl_of(app: App, types: Mapping[str, DataType]) -> str:
     """Return the SDL of app's schema, as `iqgraph schema` prints it."""
-    stores = LocalStoreQueries(app, types, {}).stores()
+    stores = [store_info(app, s, types[s.name]) for s in app.stores]
     return build_schema(stores, Limits(), description=app.description).as_str() + "\n"
 
 

@@ -1,4 +1,4 @@
-"""LocalStoreQueries over real partition databases: routing, cross-partition merges, pages, retries."""
+"""One node's query path over real partition databases: routing, cross-partition merges, pages, retries."""
 
 from __future__ import annotations
 
@@ -10,19 +10,20 @@ from typing import Any
 import pytest
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StructType
 
-from iqgraph.app.local_queries import LocalStoreQueries, RetryPolicy
+from iqgraph.app.cluster_queries import ClusterStoreQueries
 from iqgraph.examples.shop import build_app
+from iqgraph.schema.errors import ApiError
+from iqgraph.schema.reports import Reports
 from iqgraph.stores import (
     InvalidCursorError,
     InvalidKeyError,
     PartitionState,
     PartitionStores,
     StateDirectory,
-    StoreMigratedError,
-    StoreNotReadyError,
 )
 from iqgraph.streaming.definitions import App, Topic, count, key_value_store
 from iqgraph.streaming.partitioner import partition_for
+from tests.queries import single_node
 
 TOPIC, PARTITIONS = "orders", 6
 TYPES: dict[str, Any] = {
@@ -73,8 +74,9 @@ def _fill(partitions: dict[int, PartitionStores], counts: dict[str, int]) -> Non
         stores.db.set_state(PartitionState.RUNNING)
 
 
-def _queries(hosted: dict[str, dict[int, PartitionStores]], deadline_ms: int = 200) -> LocalStoreQueries:
-    return LocalStoreQueries(_app(), TYPES, hosted, retry=RetryPolicy(deadline_ms=deadline_ms))
+def _queries(hosted: dict[str, dict[int, PartitionStores]], deadline_ms: int = 200) -> ClusterStoreQueries:
+    queries: ClusterStoreQueries = single_node(_app(), TYPES, hosted, deadline_ms)
+    return queries.bind(Reports())
 
 
 COUNTS = {f"customer-{i:03d}": i + 1 for i in range(40)}
@@ -151,7 +153,8 @@ async def test_a_partition_restoring_is_retried_until_ready(hosted: Any) -> None
     await waiter
     db.set_state(PartitionState.RESTORING)
     [error] = await _queries(hosted, deadline_ms=100).get_many("order_count", [key])
-    assert isinstance(error, StoreNotReadyError) and error.state == "RESTORING"
+    assert isinstance(error, ApiError) and error.code == "STORE_NOT_READY"
+    assert (error.extensions or {})["state"] == "RESTORING"
 
 
 async def test_a_partition_not_hosted_here_is_reported_as_migrated(hosted: Any) -> None:
@@ -160,9 +163,14 @@ async def test_a_partition_not_hosted_here_is_reported_as_migrated(hosted: Any) 
     partition = partition_for(key, PARTITIONS, "string", "murmur2")
     without = {TOPIC: {p: s for p, s in hosted[TOPIC].items() if p != partition}}
     [error] = await _queries(without).get_many("order_count", [key])
-    assert isinstance(error, StoreMigratedError)
-    with pytest.raises(StoreMigratedError):
-        await _queries(without).range("order_count", None, None, 10, None)
+    assert isinstance(error, ApiError) and error.code == "STORE_MIGRATED"
+    queries = _queries(without)
+    page = await queries.range("order_count", None, None, 100, None)
+    assert sorted(k for k, _ in page.items) == sorted(
+        k for k in COUNTS if k != key and partition_for(k, PARTITIONS, "string", "murmur2") != partition
+    )
+    [missing] = queries.reports.partial
+    assert missing["missingPartitions"] == [partition] and "not hosted" in missing["reasons"][0]
 
 
 async def test_a_forged_cursor_is_refused(hosted: Any) -> None:

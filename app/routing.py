@@ -1,0 +1,247 @@
+"""The routing core: which partitions a key is in, and which replica serves each. Pure — no I/O, no clock.
+
+``key_partitions(key, …, detected)`` gives the partitions a read of a key must ask: the one the producers'
+partitioner chose (``detected``: the configured partitioner, or under ``auto`` the one the sink detected
+per topic); both candidates while producers are seen mixing partitioners or nothing tells them apart yet;
+every partition for a store keyed by a column. A key no known partitioner explains cannot be routed with
+confidence: PARTITIONER_MISMATCH, never a silent null.
+
+``plan(cmap, replicas, topic, needs, bound, excluded, prefer)`` takes the cluster map (who is active and
+standby for each partition, who is down), what is known of each replica (its state and lag), the
+partitions each request needs (one for a co-partitioned key; two when producers mix partitioners;
+every partition for a store keyed by a column), the request's staleness bound and the replicas that
+already failed in this request, and returns a ``Plan``: per serving node, which requests to read from
+which of its partitions; per request that no replica can serve, a ``Refusal`` saying why. The executor
+(``app.cluster_queries``) runs a plan, and re-plans a failed peer's reads with that peer excluded.
+
+Failover rules, per partition (docs/architecture.md draws them):
+
+1. The active node, if it is up, not excluded, and RUNNING (or its state is not known yet: its answer
+   tells).
+2. Else a standby that is up, not excluded, RUNNING and within the bound (``lag <= bound``) — the least
+   lagging first, this node first among equals. A standby whose state is not known yet comes after the
+   known ones: its answer reports its lag, which the executor checks against the bound.
+3. Else the active node while it restores: it is the only copy that will catch up; the read waits for it
+   (retry with backoff) and fails STORE_NOT_READY at the deadline.
+4. Else a refusal: STALE_BEYOND_BOUND when a standby is up but lags more than the bound (with the best lag
+   available), STORE_NOT_AVAILABLE otherwise (no replica up; or stale reads are off: no bound given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from iqgraph.app.membership import ClusterMap, PartitionOwners
+from iqgraph.schema.errors import PARTITIONER_MISMATCH, STALE_BEYOND_BOUND, STORE_NOT_AVAILABLE, ApiError
+from iqgraph.stores import InvalidKeyError, Key, KeyCodec
+from iqgraph.stores.codecs import KeyType
+from iqgraph.streaming.definitions import App, KeyFormat, StoreDefinition
+from iqgraph.streaming.partitioner import candidate_partitions, serialize_key
+
+RUNNING, UNKNOWN, DOWN = "RUNNING", "UNKNOWN", "DOWN"
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """What is known of one node's copy of one partition: its state and how many records it lags."""
+
+    state: str = UNKNOWN  # CREATED | RESTORING | RUNNING | CLOSED | UNKNOWN | DOWN (the node failed a request)
+    lag: int | None = None  # None: not known
+
+
+NOT_KNOWN = ReplicaState()
+#: (node, topic, partition) → what is known of that replica.
+ReplicaStates = Callable[[str, str, int], ReplicaState]
+
+
+@dataclass(frozen=True)
+class Server:
+    """The node that answers for a partition, and in which role."""
+
+    node: str
+    role: str  # "active" | "standby"
+
+    @property
+    def stale(self) -> bool:
+        """Return whether the answer comes from a standby (and must report its lag)."""
+        return self.role == "standby"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why no replica of a partition can serve a read now."""
+
+    code: str
+    message: str
+    partition: int
+    best_lag: int | None = None
+
+
+@dataclass
+class Group:
+    """What one node is asked: per request index, the partitions it reads there."""
+
+    reads: dict[int, list[int]] = field(default_factory=dict)
+
+    @property
+    def partitions(self) -> list[int]:
+        """Return every partition this node reads for the group."""
+        return sorted({p for ps in self.reads.values() for p in ps})
+
+
+@dataclass
+class Plan:
+    """A routed read: the groups per serving node, and the requests refused (with the first reason)."""
+
+    groups: dict[Server, Group] = field(default_factory=dict)
+    refused: dict[int, Refusal] = field(default_factory=dict)
+
+
+def key_partitions(
+    key: Key,
+    key_type: KeyType,
+    key_format: KeyFormat,
+    topic: str,
+    partitions: int,
+    co_partitioned: bool,
+    detected: str,
+) -> tuple[int, ...]:
+    """Return the partitions a read of key asks; raise InvalidKeyError or PARTITIONER_MISMATCH."""
+    KeyCodec(key_type).check(key)
+    if key == "":
+        raise InvalidKeyError("the key is empty: give a non-empty key")
+    if not co_partitioned:
+        return tuple(range(partitions))
+    found = candidate_partitions(serialize_key(key, key_format), partitions, detected)
+    if found is None:
+        raise ApiError(
+            f"topic {topic}: producers put keys on partitions neither murmur2 nor consistent_random explains, so "
+            "this key cannot be routed with confidence; set the app's kafka partitioner to the one the producers "
+            "use, or produce with murmur2_random / consistent_random",
+            PARTITIONER_MISMATCH,
+            topic=topic,
+            partitioner=detected,
+        )
+    return found
+
+
+def store_key_partitions(app: App, store: StoreDefinition, key: Key, detected: str) -> tuple[int, ...]:
+    """Return the partitions a read of key of store asks (key_partitions with the store's topic and key type)."""
+    topic = app.topic(store.topic)
+    return key_partitions(
+        key,
+        store.resolved_key_type(topic),
+        topic.key_format,
+        topic.name,
+        topic.partitions,
+        store.co_partitioned,
+        detected,
+    )
+
+
+def choose(
+    cmap: ClusterMap,
+    replicas: ReplicaStates,
+    topic: str,
+    partition: int,
+    bound: int | None,
+    excluded: Collection[str] = (),
+    prefer: str | None = None,
+) -> Server | Refusal:
+    """Return the replica that serves topic-partition under the failover rules, or why none can."""
+    owners = cmap.owners_of(topic, partition)
+    usable = [
+        n
+        for n in _replicas(owners)
+        if cmap.is_up(n) and n not in excluded and replicas(n, topic, partition).state != DOWN
+    ]
+    restoring: str | None = None
+    if owners.active in usable:
+        active = replicas(owners.active, topic, partition)
+        if active.state in (RUNNING, UNKNOWN):
+            return Server(owners.active, "active")
+        restoring = owners.active
+    standbys = [(n, replicas(n, topic, partition)) for n in usable if n != owners.active]
+    if bound is not None:
+        fresh = [(s.lag, n != prefer, n) for n, s in standbys if s.state == RUNNING and s.lag is not None]
+        within = sorted(c for c in fresh if c[0] <= bound)
+        if within:
+            return Server(within[0][2], "standby")
+        unknown = sorted(n for n, s in standbys if s.state == UNKNOWN)
+        if unknown:
+            return Server(unknown[0], "standby")
+    if restoring is not None:
+        return Server(restoring, "active")
+    return _refusal(owners, topic, partition, bound, standbys, usable)
+
+
+def _replicas(owners: PartitionOwners) -> list[str]:
+    return ([owners.active] if owners.active else []) + [n for n in owners.standbys if n != owners.active]
+
+
+def _refusal(
+    owners: PartitionOwners,
+    topic: str,
+    partition: int,
+    bound: int | None,
+    standbys: Sequence[tuple[str, ReplicaState]],
+    usable: Sequence[str],
+) -> Refusal:
+    where = f"partition {topic}-{partition}"
+    lags = [s.lag for _, s in standbys if s.state == RUNNING and s.lag is not None]
+    if bound is not None and lags:
+        best = min(lags)
+        return Refusal(
+            STALE_BEYOND_BOUND,
+            f"{where}: its active node is not available and its best standby is {best} records behind, "
+            f"more than maxLag {bound}",
+            partition,
+            best,
+        )
+    if owners.active is None:
+        reason = "has no active node"
+    elif owners.active in usable:
+        reason = f"is not queryable on its active node {owners.active}"
+    else:
+        reason = f"has its active node {owners.active} down"
+    if not owners.standbys:
+        hint = " and no standby"
+    elif bound is None:
+        hint = "; a standby keeps a copy: pass maxLag (records) to read it"
+    else:
+        hint = " and no standby that can answer"
+    return Refusal(STORE_NOT_AVAILABLE, f"{where} {reason}{hint}", partition, min(lags) if lags else None)
+
+
+def plan(
+    cmap: ClusterMap,
+    replicas: ReplicaStates,
+    topic: str,
+    needs: Mapping[int, Sequence[int]],
+    bound: int | None,
+    excluded: Mapping[int, Collection[str]] | None = None,
+    prefer: str | None = None,
+) -> Plan:
+    """Return where each request reads: needs maps a request index to the partitions it needs.
+
+    excluded maps a partition to the nodes that already failed it in this request. A request is refused
+    as a whole (with its first partition's reason) when any partition it needs has no replica.
+    """
+    excluded = excluded or {}
+    chosen: dict[int, Server | Refusal] = {}
+    result = Plan()
+    for index, partitions in needs.items():
+        servers: list[tuple[int, Server]] = []
+        for p in partitions:
+            server = chosen.get(p)
+            if server is None:
+                server = chosen[p] = choose(cmap, replicas, topic, p, bound, excluded.get(p, ()), prefer)
+            if isinstance(server, Refusal):
+                result.refused[index] = server
+                break
+            servers.append((p, server))
+        else:
+            for p, server in servers:
+                result.groups.setdefault(server, Group()).reads.setdefault(index, []).append(p)
+    return result

@@ -1,0 +1,84 @@
+"""What a node keeps watching about its topics: end offsets (for lags) and the producers' partitioner.
+
+A background thread refreshes, every ``interval_s``:
+- the end offset of every hosted partition (one ListOffsets per topic, over the runner's long-lived admin
+  client), so a read reports its lag without asking Kafka — a lag is at most one interval old;
+- per topic, the partitioner the producers use, detected from the evidence the sink keeps in each hosted
+  partition's meta counters (``streaming.partitioner``). An explicit setting wins over detection; a node
+  that hosts no partition of a topic yet sees no evidence: "unknown" (reads ask both candidates).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+
+from iqgraph.stores import PartitionStores
+from iqgraph.streaming.definitions import Partitioner
+from iqgraph.streaming.partitioner import PartitionerEvidence, evidence_from_counters, resolve
+
+log = logging.getLogger(__name__)
+EndOffsets = Callable[[str, list[int]], Mapping[int, int]]
+
+
+class TopicWatch:
+    """End offsets of hosted partitions and the detected partitioner of each topic, refreshed in a thread."""
+
+    def __init__(
+        self,
+        partitions: Mapping[str, Mapping[int, PartitionStores]],
+        end_offsets: EndOffsets,
+        partitioner: Partitioner,
+        interval_s: float = 0.5,
+    ) -> None:
+        self.partitions = partitions
+        self.end_offsets = end_offsets
+        self.configured = partitioner
+        self.interval_s = interval_s
+        self._ends: dict[tuple[str, int], int] = {}
+        self._detected: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="topic-watch", daemon=True)
+
+    def start(self) -> None:
+        """Refresh once now, then every interval in the background."""
+        self.refresh()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop refreshing."""
+        self._stop.set()
+
+    def end_offset(self, topic: str, partition: int) -> int | None:
+        """Return the end offset of topic-partition as last seen (None: not seen yet)."""
+        return self._ends.get((topic, partition))
+
+    def partitioner(self, topic: str) -> str:
+        """Return the partitioner to route topic's keys by (configured, or detected under auto)."""
+        if self.configured != "auto":
+            return self.configured
+        return self._detected.get(topic, "unknown")
+
+    def refresh(self) -> None:
+        """Read the end offsets and the partitioner evidence now."""
+        for topic, hosted in list(self.partitions.items()):
+            owned = sorted(hosted)
+            if not owned:
+                continue
+            try:
+                for p, end in self.end_offsets(topic, owned).items():
+                    self._ends[topic, p] = end
+            except Exception as exc:  # noqa: BLE001 - Kafka away for a moment: keep the last values
+                log.debug("end offsets of %s: %s", topic, exc)
+            evidence = PartitionerEvidence()
+            for stores in list(hosted.values()):
+                try:
+                    evidence += evidence_from_counters(stores.db.counter)
+                except Exception:  # noqa: BLE001,S112 - a partition closing while it moves
+                    continue
+            self._detected[topic] = resolve("auto", evidence)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.refresh()

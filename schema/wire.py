@@ -1,0 +1,172 @@
+"""The peer wire protocol: the forwarded sub-requests a node sends, and how their answers are encoded.
+
+A node reads another node's partitions with ONE GraphQL request per peer to the internal fields
+(``schema.internal``): ``_lookup`` (point reads, each naming the partitions to read — the caller's
+routing decides, the peer only checks it hosts them), ``_scan`` (one page per partition, resumed at
+its position) and ``_count``. Answers are compact JSON: mergeable *states*, not values, so that the
+caller combines several nodes' answers before finalizing; every answer carries, per partition read,
+its position (the applied offset, read before the data) and its lag. Both sides of the wire use this
+module: the peer client (``app.peers``) and the internal fields.
+
+    lookup reads   [[key, time_from, time_to, [partition, …]], …]
+    answer         {"results": [state | {"error": {message, extensions}}, …],
+                    "positions": {"<p>": offset}, "lags": {"<p>": records}}
+    scan answer    {"pages": {"<p>": {"items": [[key, state] | [key, start, end, state], …],
+                    "next": cursor | null} | {"error": …}}, "positions": …, "lags": …}
+    count answer   {"counts": {"<p>": n | {"error": …}}, "positions": …, "lags": …}
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from iqgraph.schema.errors import INTERNAL, ApiError, api_error
+from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, Read
+from iqgraph.stores import Page, WindowedValue
+
+log = logging.getLogger(__name__)
+
+LOOKUP = """query($store: String!, $reads: JSON!) { _lookup(store: $store, reads: $reads) }"""
+SCAN = """query($store: String!, $scan: JSON!, $positions: JSON!, $first: Int!, $partitions: [Int!]!) {
+  _scan(store: $store, scan: $scan, positions: $positions, first: $first, partitions: $partitions) }"""
+COUNT = """query($store: String!, $partitions: [Int!]!, $exact: Boolean!) {
+  _count(store: $store, partitions: $partitions, exact: $exact) }"""
+NODE = """{ node { id url state partitions { topic partition role state appliedOffset endOffset } } }"""
+
+
+def encode_reads(reads: Sequence[Read]) -> list[list[Any]]:
+    """Return point reads as JSON: [key, time_from, time_to, [partitions]]."""
+    return [[key, lo, hi, list(partitions)] for (key, lo, hi), partitions in reads]
+
+
+def decode_reads(data: Any) -> list[Read]:
+    """Return the point reads of a _lookup's JSON; raise ValueError if it is not that shape."""
+    if not isinstance(data, list):
+        raise ValueError("reads must be a list of [key, from, to, [partitions]]")
+    reads: list[Read] = []
+    for item in data:
+        if not (isinstance(item, list) and len(item) == 4 and isinstance(item[3], list)):
+            raise ValueError(f"read {item!r} is not [key, from, to, [partitions]]")
+        reads.append(((item[0], item[1], item[2]), tuple(int(p) for p in item[3])))
+    return reads
+
+
+def encode_error(error: Exception) -> dict[str, Any]:
+    """Return one failed read as JSON (an unexpected failure is logged and masked)."""
+    found = api_error(error)
+    if isinstance(found, ApiError):
+        return {"error": {"message": found.message, "extensions": found.extensions}}
+    log.error("unexpected error in a forwarded read", exc_info=error)
+    return {"error": {"message": "internal error on the peer", "extensions": {"code": INTERNAL}}}
+
+
+def decode_error(data: Mapping[str, Any]) -> ApiError:
+    """Return the ApiError a peer reported."""
+    extensions = dict(data.get("extensions") or {})
+    code = str(extensions.pop("code", INTERNAL))
+    return ApiError(str(data.get("message")), code, **extensions)
+
+
+def _is_error(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"error"}
+
+
+def encode_state(value: Any) -> Any:
+    """Return a lookup result as JSON: the state, windows as [key, start, end, state], or an error."""
+    if isinstance(value, Exception):
+        return encode_error(value)
+    if isinstance(value, list) and value and isinstance(value[0], WindowedValue):
+        return [encode_item(w) for w in value]
+    return value
+
+
+def decode_state(value: Any, windowed: bool) -> Any:
+    """Return a lookup result from JSON (an ApiError in place of a failed read)."""
+    if _is_error(value):
+        return decode_error(value["error"])
+    if windowed and value is not None:
+        return [WindowedValue(k, s, e, v) for k, s, e, v in value]
+    return value
+
+
+def encode_item(item: Any) -> list[Any]:
+    """Return one scan item as JSON: [key, state] or [key, start, end, state]."""
+    if isinstance(item, WindowedValue):
+        return [item.key, item.start, item.end, item.value]
+    key, state = item
+    return [key, state]
+
+
+def decode_item(item: list[Any], windowed: bool) -> Any:
+    """Return one scan item from JSON."""
+    if windowed:
+        key, start, end, state = item
+        return WindowedValue(key, start, end, state)
+    return (item[0], item[1])
+
+
+def _marks(answer: Answer[Any]) -> dict[str, Any]:
+    return {
+        "positions": {str(p): o for p, o in answer.positions.items()},
+        "lags": {str(p): lag for p, lag in answer.lags.items()},
+    }
+
+
+def _read_marks(data: Mapping[str, Any]) -> tuple[dict[int, int], dict[int, int]]:
+    positions = {int(p): int(o) for p, o in (data.get("positions") or {}).items()}
+    return positions, {int(p): int(lag) for p, lag in (data.get("lags") or {}).items()}
+
+
+def encode_lookup(answer: Answer[list[Any]]) -> dict[str, Any]:
+    """Return a _lookup answer as JSON."""
+    return {"results": [encode_state(r) for r in answer.value], **_marks(answer)}
+
+
+def decode_lookup(data: Mapping[str, Any], windowed: bool) -> Answer[list[Any]]:
+    """Return a peer's _lookup answer."""
+    return Answer([decode_state(r, windowed) for r in data["results"]], *_read_marks(data))
+
+
+def encode_scan(answer: Answer[dict[int, Any]]) -> dict[str, Any]:
+    """Return a _scan answer as JSON (a partition that failed: its error in place of its page)."""
+    pages = {
+        str(p): encode_error(page)
+        if isinstance(page, Exception)
+        else {"items": [encode_item(i) for i in page.items], "next": page.next_cursor}
+        for p, page in answer.value.items()
+    }
+    return {"pages": pages, **_marks(answer)}
+
+
+def decode_scan(data: Mapping[str, Any], windowed: bool) -> Answer[dict[int, Any]]:
+    """Return a peer's _scan answer: per partition a Page, or an ApiError."""
+    pages = {
+        int(p): decode_error(page["error"])
+        if _is_error(page)
+        else Page([decode_item(i, windowed) for i in page["items"]], page["next"])
+        for p, page in data["pages"].items()
+    }
+    return Answer(pages, *_read_marks(data))
+
+
+def encode_count(answer: Answer[dict[int, Any]]) -> dict[str, Any]:
+    """Return a _count answer as JSON."""
+    counts = {str(p): encode_error(n) if isinstance(n, Exception) else n for p, n in answer.value.items()}
+    return {"counts": counts, **_marks(answer)}
+
+
+def decode_count(data: Mapping[str, Any]) -> Answer[dict[int, Any]]:
+    """Return a peer's _count answer: per partition a count, or an ApiError."""
+    counts = {int(p): decode_error(n["error"]) if _is_error(n) else int(n) for p, n in data["counts"].items()}
+    return Answer(counts, *_read_marks(data))
+
+
+def decode_node(data: Mapping[str, Any]) -> NodeInfo:
+    """Return a peer's node metadata (the NODE query's answer)."""
+    partitions = tuple(
+        PartitionInfo(p["topic"], p["partition"], p["role"], p["state"], p["appliedOffset"], p["endOffset"])
+        for p in data.get("partitions") or []
+    )
+    return NodeInfo(data["id"], data["url"], data["state"], partitions)

@@ -1,0 +1,93 @@
+"""The REST path over the production query path: values, 404, coded errors, key metadata."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from iqgraph.app.rest import rest_routes
+from iqgraph.stores import PartitionState
+from tests.queries import single_node
+from tests.schema.apps import SHOP_TOPIC, SHOP_TYPES, ShopTruth, fill_shop, make_orders, shop_app, shop_partition
+from tests.schema.conftest import Hosted, close_hosted, open_hosted
+
+
+@pytest.fixture
+def hosted(tmp_path: Path) -> Iterator[Hosted]:
+    found = open_hosted(tmp_path, shop_app(), SHOP_TOPIC)
+    fill_shop(found[SHOP_TOPIC], make_orders())
+    yield found
+    close_hosted(found)
+
+
+@pytest.fixture
+def client(hosted: Hosted) -> httpx.AsyncClient:
+    app = Starlette(routes=rest_routes(single_node(shop_app(), SHOP_TYPES, hosted)))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node")
+
+
+TRUTH = ShopTruth(make_orders())
+
+
+async def test_a_key_answers_its_value_and_a_missing_key_is_404(client: httpx.AsyncClient) -> None:
+    customer, count = sorted(TRUTH.counts().items())[0]
+    found = await client.get(f"/stores/order_count/keys/{customer}")
+    assert (found.status_code, found.json()) == (200, {"store": "order_count", "key": customer, "value": count})
+    missing = await client.get("/stores/order_count/keys/nobody")
+    assert missing.status_code == 404
+    assert missing.json()["errors"][0]["extensions"]["code"] == "NOT_FOUND"
+
+
+async def test_window_and_bloom_stores(client: httpx.AsyncClient) -> None:
+    customer = sorted(TRUTH.counts())[0]
+    windows = (await client.get(f"/stores/orders_per_minute/keys/{customer}")).json()["windows"]
+    assert sum(w["value"] for w in windows) == TRUTH.counts()[customer]
+    assert all(w["end"] - w["start"] == 60_000 for w in windows)
+    item = TRUTH.orders[0]["item"]
+    assert (await client.get(f"/stores/items_sold/keys/{item}")).json()["mightContain"] is True
+    assert (await client.get("/stores/items_sold/keys/no-such-item")).json()["mightContain"] is False
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [
+        ("/stores/nope/keys/a", 404, "UNKNOWN_STORE"),
+        ("/stores/order_count/keys/a?maxLag=-3", 400, "INVALID_ARGUMENT"),
+        ("/stores/order_count/keys/a?maxLag=soon", 400, "INVALID_ARGUMENT"),
+        ("/stores/orders_per_minute/keys/a?from=yesterday", 400, "INVALID_ARGUMENT"),
+    ],
+)
+async def test_bad_requests_get_a_coded_error(client: httpx.AsyncClient, path: str, status: int, code: str) -> None:
+    response = await client.get(path)
+    assert response.status_code == status
+    assert response.json()["errors"][0]["extensions"]["code"] == code
+
+
+async def test_a_partition_not_ready_is_503_with_retry_after(client: httpx.AsyncClient, hosted: Hosted) -> None:
+    customer = sorted(TRUTH.counts())[0]
+    hosted[SHOP_TOPIC][shop_partition(customer)].db.set_state(PartitionState.RESTORING)
+    response = await client.get(f"/stores/order_count/keys/{customer}")
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert response.json()["errors"][0]["extensions"]["code"] == "STORE_NOT_READY"
+
+
+async def test_positions_when_asked(client: httpx.AsyncClient, hosted: Hosted) -> None:
+    customer = sorted(TRUTH.counts())[0]
+    partition = shop_partition(customer)
+    body: dict[str, Any] = (await client.get(f"/stores/order_count/keys/{customer}?positions=true")).json()
+    applied = hosted[SHOP_TOPIC][partition].db.next_offset()
+    assert body["extensions"] == {"positions": {SHOP_TOPIC: {str(partition): applied}}}
+
+
+async def test_key_metadata_names_partition_and_urls(client: httpx.AsyncClient) -> None:
+    customer = sorted(TRUTH.counts())[0]
+    body = (await client.get(f"/stores/order_count/keys/{customer}/metadata")).json()
+    assert body["partition"] == shop_partition(customer) and body["partitions"] == [shop_partition(customer)]
+    assert (body["activeNode"], body["activeUrl"], body["standbyNodes"]) == ("node-0", "http://127.0.0.1:8000", [])
+    column = (await client.get("/stores/items_sold/keys/widget/metadata")).json()
+    assert column["partition"] is None and "keyed by a column" in column["note"]
