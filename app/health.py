@@ -23,7 +23,7 @@ class PeerHealth:
     """Poll every peer's /readyz; tell PeerStates (and a static membership) what is up and how."""
 
     def __init__(
-        self, membership: Membership, states: PeerStates, interval_s: float = 1.0, timeout_s: float = 0.5
+        self, membership: Membership, states: PeerStates, interval_s: float = 1.0, timeout_s: float = 2.0
     ) -> None:
         self.membership = membership
         self.states = states

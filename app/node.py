@@ -183,6 +183,8 @@ class Node:
             self.health = PeerHealth(self.membership, peer_states)
             self.health.start()
         self.state = NodeState.RUNNING
+        if self.assignment is None:
+            self._on_new_map(self.membership.current())  # a map that changed while the node started
 
     def _supervise(self, interval: float = 2.0) -> None:
         """Restart the streaming queries when one dies (e.g. a Python worker that failed to start)."""

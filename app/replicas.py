@@ -40,7 +40,8 @@ class PeerStates:
 
     def learn_lag(self, node: str, topic: str, partition: int, lag: int) -> None:
         """Record the lag a peer's answer reported for one partition (it is RUNNING: it answered)."""
-        self._states[node, topic, partition] = ReplicaState("RUNNING", lag)
+        with self._lock:
+            self._states[node, topic, partition] = ReplicaState("RUNNING", lag)
 
     def mark_down(self, node: str) -> None:
         """Record that node failed a request: routing skips it until it answers a poll again."""

@@ -136,9 +136,12 @@ class StreamRunner:
         open_now = self.partitions.setdefault(topic, {})
         ends = self.offsets(topic).latest(owned)
         for partition in owned:
-            stores = open_now.get(partition) or self.state_dir.open(topic, partition, self.app.specs(topic))
+            kept = open_now.get(partition)
+            stores = kept or self.state_dir.open(topic, partition, self.app.specs(topic))
             open_now[partition] = stores
             self._targets[(topic, partition)] = ends[partition]
+            if kept is not None and kept.db.state is PartitionState.RUNNING:
+                continue  # kept through a reassignment: its data stays valid, it only pauses while the query restarts
             stores.db.set_state(PartitionState.RESTORING)
             mark_running_when_caught_up(stores, ends[partition])
 
