@@ -92,10 +92,10 @@ def build_map(
     Per partition, its claimant is the live member whose record claims it at the highest generation:
 
     1. the claimant is active if its copy is caught up (RUNNING, lag <= recovery_lag);
-    2. else the best caught-up copy on another live member is active — the least lagging among the
-       claimant's standbys first (they host the partition anyway, so the active role moves between
-       them without any node starting or stopping a pipeline), then among the others (the previous
-       owner), then by id — and the claimant warms up as a standby;
+    2. else a caught-up copy on another live member is active — the claimant's standbys first (they host
+       the partition anyway, so the active role moves between them without any node starting or stopping
+       a pipeline), then the others (the previous owner), by id; never by lag, which moves with every
+       record and would flap the role between caught-up copies — and the claimant warms up as a standby;
     3. else the most advanced copy among the claimant and its standbys is active — RUNNING first, then the
        least lag, the claimant among equals; the claimant when none of them reports a copy. Reads wait
        for a restoring active: better one seconds from RUNNING (a standby restarting its pipeline) than
@@ -103,9 +103,10 @@ def build_map(
 
     A partition no live record claims (its claimant's record expired, or a rebalance is between revoke
     and assign) goes at once to the best live member hosting it: RUNNING first, then caught up, then the
-    least lag, then by id (a restoring copy only when no copy runs: reads then wait for it rather than
-    fail at once). Its standbys are standbys_for that node, plus every other member hosting it: no copy
-    is dropped while nobody claims the partition. It has no owner only if no live member hosts it.
+    least lag among copies not caught up, then by id (a restoring copy only when no copy runs: reads then
+    wait for it rather than fail at once). Its standbys are standbys_for that node, plus every other
+    member hosting it: no copy is dropped while nobody claims the partition. It has no owner only if no
+    live member hosts it.
 
     Standbys are otherwise standbys_for the claimant over the live ids, plus the warming claimant. The
     map's generation is the highest group generation seen (at least floor).
@@ -136,7 +137,7 @@ def _claimed(
         return PartitionOwners(claimant.node_id, assigned)
     others = [r for r in live.values() if r is not claimant and r.caught_up(tp, recovery_lag)]
     if others:
-        best = min(others, key=lambda r: (r.node_id not in assigned, _lag(r, tp), r.node_id)).node_id
+        best = min(others, key=lambda r: (r.node_id not in assigned, r.node_id)).node_id
     else:  # nobody caught up: the most advanced copy among those the claim places, the claimant among equals
         hosts = [r for r in (claimant, *(live[n] for n in assigned)) if tp in r.hosted]
         ranked = sorted((r.hosted[tp].state != RUNNING, _lag(r, tp), r is not claimant, r.node_id) for r in hosts)
@@ -151,13 +152,20 @@ def _unclaimed(
 ) -> PartitionOwners:
     """Return the owners of tp, which no live record claims, from the live members that host it."""
     hosts = [r for r in live.values() if tp in r.hosted]
-    best = min(
-        hosts,
-        key=lambda r: (r.hosted[tp].state != RUNNING, not r.caught_up(tp, recovery_lag), _lag(r, tp), r.node_id),
-    ).node_id
+    best = min(hosts, key=lambda r: (*_advance(r, tp, recovery_lag), r.node_id)).node_id
     assigned = standbys_for(best, ids, standbys)
     kept = sorted(r.node_id for r in hosts if r.node_id != best and r.node_id not in assigned)
     return PartitionOwners(best, (*assigned, *kept))
+
+
+def _advance(record: MemberRecord, tp: TopicPartitionKey, recovery_lag: int) -> tuple[bool, bool, float]:
+    """Return how far record's copy of tp is from the end, as a sort key: RUNNING first, then caught up, then lag.
+
+    Caught-up copies rank equal whatever their lag: lags move with every record, and a choice made on them
+    would flap the active role between caught-up copies (each flip moves reads and restarts pipelines).
+    """
+    caught_up = record.caught_up(tp, recovery_lag)
+    return record.hosted[tp].state != RUNNING, not caught_up, 0.0 if caught_up else _lag(record, tp)
 
 
 def _lag(record: MemberRecord, tp: TopicPartitionKey) -> float:

@@ -23,7 +23,11 @@ Failover rules, per partition (docs/architecture.md draws them):
    known ones: its answer reports its lag, which the executor checks against the bound.
 3. Else the active node while it restores: it is the only copy that will catch up; the read waits for it
    (retry with backoff) and fails STORE_NOT_READY at the deadline.
-4. Else a refusal: STALE_BEYOND_BOUND when a standby is up but lags more than the bound (with the best lag
+4. Else a replica only believed down — the map's down set, a missed poll or a failed request of another
+   request (a node starved of CPU misses its poll while it still answers) — the active first, a standby
+   only under a bound: a replica that may answer is asked before a read fails. One that fails in this
+   request is excluded: only that is proof.
+5. Else a refusal: STALE_BEYOND_BOUND when a standby is up but lags more than the bound (with the best lag
    available), STORE_NOT_AVAILABLE otherwise (no replica up; or stale reads are off: no bound given).
 """
 
@@ -173,6 +177,11 @@ def choose(
             return Server(unknown[0], "standby")
     if restoring is not None:
         return Server(restoring, "active")
+    suspected = [n for n in _replicas(owners) if n not in usable and n not in excluded]
+    if bound is None:
+        suspected = [n for n in suspected if n == owners.active]
+    if suspected:  # only believed down (a missed poll, a failed request): asking it costs a refused connection
+        return Server(suspected[0], "active" if suspected[0] == owners.active else "standby")
     return _refusal(owners, topic, partition, bound, standbys, usable)
 
 

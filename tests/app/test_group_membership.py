@@ -312,12 +312,30 @@ def test_a_crashed_claimants_partitions_go_at_once_to_the_best_running_copy() ->
     a = record("a", (0,), {0: ("RUNNING", 0), 2: ("RUNNING", 7), 3: ("RUNNING", 20_000), 4: ("RESTORING", 0)})
     b = record("b", (1,), {1: ("RUNNING", 0), 2: ("RUNNING", 9), 3: ("RUNNING", 30_000), 4: ("RESTORING", 0)})
 
-    assert owners([a, b, c], 2) == PartitionOwners("a", ("b",))  # least lag
+    assert owners([a, b, c], 2) == PartitionOwners("a", ("b",))  # caught up everywhere: by id
     assert owners([a, b, c], 3) == PartitionOwners("a", ("b",))  # beyond the recovery lag: still better than none
     assert owners([a, b, c], 4) == PartitionOwners("a", ("b",))  # restoring everywhere: reads wait for it
     assert owners([a, b, c], 5) == PartitionOwners(None)  # nobody hosts it
     cmap = build_map({r.node_id: r for r in (a, b, c)}, now=NOW, liveness_s=6.0, standbys=1)
     assert set(cmap.members) == {"a", "b"} and cmap.hosted_partitions("b") == {"t": [0, 1, 2, 3, 4]}
+
+
+def test_caught_up_copies_keep_the_active_role_whatever_their_lags_do() -> None:
+    # lags move with every record each node publishes: a choice by lag flapped the role between a and b
+    c = record("c", (2,), {2: ("RUNNING", 0)}, age=60)  # crashed: nobody claims 2
+    warming = record("c", (2,), {2: ("RESTORING", 50_000)})  # back, claiming 2, warming up
+    unclaimed, claimed = set(), set()
+    for lag_a, lag_b, lag_d in [(7, 9, 3), (9, 7, 8), (0, 900, 1), (900, 0, 0)]:
+        a, b = record("a", (0,), {2: ("RUNNING", lag_a)}), record("b", (1,), {2: ("RUNNING", lag_b)})
+        assert owners([a, b, c], 2) == PartitionOwners("a", ("b",)), (lag_a, lag_b)
+        unclaimed.add(owners([a, b, c], 2))
+        d = record("d", (3,), {2: ("RUNNING", lag_d)})  # an outsider holding a caught-up copy too
+        claimed.add(owners([a, b, d, warming], 2))
+    assert len(unclaimed) == 1 and len(claimed) == 1, (unclaimed, claimed)
+    behind = record("b", (1,), {2: ("RUNNING", 1_001)})  # beyond the recovery lag: the caught-up copy wins
+    assert owners([record("a", (0,), {2: ("RUNNING", 1_000)}), behind, c], 2).active == "a"
+    beyond = record("a", (0,), {2: ("RUNNING", 1_001)})
+    assert owners([beyond, record("b", (1,), {2: ("RUNNING", 0)}), c], 2).active == "b"
 
 
 def test_an_unclaimed_partition_keeps_every_copy_it_has() -> None:

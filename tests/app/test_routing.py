@@ -80,7 +80,7 @@ def test_a_restoring_active_is_the_last_resort_the_read_waits_for() -> None:
 
 def test_a_stale_standby_beyond_the_bound_is_refused_with_the_best_lag() -> None:
     states = {"b": ReplicaState("RUNNING", 900), "c": ReplicaState("RUNNING", 400)}
-    refused = choose(_map(down=frozenset({"a"})), _states(states), TOPIC, 0, 100)
+    refused = choose(_map(down=frozenset({"a"})), _states(states), TOPIC, 0, 100, ("a",))
     assert isinstance(refused, Refusal)
     assert (refused.code, refused.best_lag, refused.partition) == ("STALE_BEYOND_BOUND", 400, 0)
     assert "maxLag 100" in refused.message
@@ -88,7 +88,7 @@ def test_a_stale_standby_beyond_the_bound_is_refused_with_the_best_lag() -> None
 
 def test_without_a_bound_standbys_never_answer_and_the_refusal_says_how_to_allow_them() -> None:
     states = {"b": RUNNING, "c": RUNNING}
-    refused = choose(_map(down=frozenset({"a"})), _states(states), TOPIC, 0, None)
+    refused = choose(_map(down=frozenset({"a"})), _states(states), TOPIC, 0, None, ("a",))
     assert isinstance(refused, Refusal) and refused.code == "STORE_NOT_AVAILABLE"
     assert "pass maxLag" in refused.message
 
@@ -104,8 +104,24 @@ def test_no_replica_at_all() -> None:
     refused = choose(_map(active=None, standbys=()), _states({}), TOPIC, 0, 10)
     assert isinstance(refused, Refusal) and refused.code == "STORE_NOT_AVAILABLE"
     assert "has no active node and no standby" in refused.message
-    refused = choose(_map(standbys=()), _states({"a": ReplicaState(DOWN)}), TOPIC, 0, 10)
+    refused = choose(_map(standbys=()), _states({"a": ReplicaState(DOWN)}), TOPIC, 0, 10, ("a",))
     assert isinstance(refused, Refusal) and "down and no standby" in refused.message
+
+
+@pytest.mark.parametrize("why", ["down in the map", "failed a poll"])
+def test_a_replica_only_believed_down_is_asked_before_a_read_fails(why: str) -> None:
+    # a node starved of CPU misses its /readyz poll yet answers: a belief is no proof, a failure in this request is
+    believed = _map(down=frozenset({"a", "b"})) if why == "down in the map" else _map()
+    polled = {"a": ReplicaState(DOWN), "b": ReplicaState(DOWN), "c": ReplicaState("RUNNING", 900)}
+    if why == "down in the map":
+        polled = {"c": ReplicaState("RUNNING", 900)}
+    assert choose(believed, _states(polled), TOPIC, 0, 10) == Server("a", "active")
+    assert choose(believed, _states(polled), TOPIC, 0, 10, ("a",)) == Server("b", "standby")
+    assert choose(believed, _states(polled), TOPIC, 0, None, ("a",)).code == "STORE_NOT_AVAILABLE"  # type: ignore[union-attr]
+    refused = choose(believed, _states(polled), TOPIC, 0, 10, ("a", "b"))
+    assert isinstance(refused, Refusal) and (refused.code, refused.best_lag) == ("STALE_BEYOND_BOUND", 900)
+    fresh = {**polled, "c": ReplicaState("RUNNING", 0)}
+    assert choose(believed, _states(fresh), TOPIC, 0, 10) == Server("c", "standby")  # a sure replica first
 
 
 def test_plan_groups_reads_per_serving_node_and_refuses_a_read_as_a_whole() -> None:
@@ -116,7 +132,8 @@ def test_plan_groups_reads_per_serving_node_and_refuses_a_read_as_a_whole() -> N
         (TOPIC, 2): PartitionOwners("b", ()),
     }
     cmap = ClusterMap(1, members, owners, frozenset({"b"}))
-    routed = plan(cmap, _states({"a": RUNNING}), TOPIC, {0: [0], 1: [1], 2: [0, 1], 3: [2], 4: [0, 2]}, 10)
+    needs = {0: [0], 1: [1], 2: [0, 1], 3: [2], 4: [0, 2]}
+    routed = plan(cmap, _states({"a": RUNNING}), TOPIC, needs, 10, {1: {"b"}, 2: {"b"}})
     assert routed.groups == {
         Server("a", "active"): routed.groups[Server("a", "active")],
         Server("a", "standby"): routed.groups[Server("a", "standby")],
