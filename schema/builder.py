@@ -43,8 +43,10 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext, ExecutionResult
 
 from iqgraph.schema.bloom_fields import bloom_type
+from iqgraph.schema.compiled import CompiledQueries, RequestMetrics, run_compiled
+from iqgraph.schema.context import Context
 from iqgraph.schema.dynamic import Arg, Field, object_type, resolved_field, resolver_with
-from iqgraph.schema.errors import ErrorCodes, invalid_argument, log_errors, with_codes
+from iqgraph.schema.errors import ErrorCodes, in_document_order, invalid_argument, log_errors, with_codes
 from iqgraph.schema.internal import internal_fields
 from iqgraph.schema.keys import key_kind
 from iqgraph.schema.kv_fields import key_value_type
@@ -95,14 +97,63 @@ class SchemaDefinitionError(ValueError):
 
 
 class IqGraphSchema(strawberry.Schema):
-    """A Strawberry schema that logs unexpected errors with their traceback and expected ones briefly."""
+    """A Strawberry schema that logs unexpected errors with their traceback and expected ones briefly.
 
-    async def execute(self, *args: Any, **kwargs: Any) -> ExecutionResult:
+    With ``compiled`` set (build_schema does unless told not to), a query its plans cover runs compiled
+    (schema.compiled); the rest on Strawberry and graphql-core.
+    """
+
+    compiled: CompiledQueries | None = None
+    request_metrics: RequestMetrics | None = None
+
+    async def execute(
+        self,
+        query: str | None,
+        variable_values: dict[str, Any] | None = None,
+        context_value: Any | None = None,
+        root_value: Any | None = None,
+        operation_name: str | None = None,
+        allowed_operation_types: Any = None,
+        operation_extensions: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> ExecutionResult:
         """Execute a request; errors that bypass the extensions (e.g. syntax errors) get their code too."""
-        result = await super().execute(*args, **kwargs)
+        result = await self.execute_compiled(
+            query, variable_values, context_value, operation_name, operation_extensions
+        )
+        if result is None:
+            result = await super().execute(
+                query,
+                variable_values,
+                context_value,
+                root_value,
+                operation_name,
+                allowed_operation_types,
+                operation_extensions=operation_extensions,
+                **kwargs,
+            )
         if result.errors:
-            result.errors = with_codes(result.errors)
+            result.errors = in_document_order(result.data, with_codes(result.errors))
         return result
+
+    async def execute_compiled(
+        self,
+        query: str | None,
+        variables: dict[str, Any] | None,
+        context: Any,
+        operation_name: str | None,
+        extensions: dict[str, Any] | None,
+    ) -> ExecutionResult | None:
+        """Return the result of a query run by its compiled plan; None when no plan covers it."""
+        if self.compiled is None or not isinstance(query, str) or not isinstance(context, Context):
+            return None
+        plan = self.compiled.plan(query, operation_name)
+        if plan is None:
+            return None
+        coerced = plan.coerce_variables(variables)
+        if coerced is None:
+            return None
+        return await run_compiled(plan, context, variables, coerced, extensions, self.request_metrics)
 
     def process_errors(self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None) -> None:
         """Log the errors of one request (before ErrorCodes masks them)."""
@@ -169,13 +220,15 @@ def build_schema(
     cache_size: int = DEFAULT_CACHE_SIZE,
     metrics: GraphQLMetrics | None = None,
     extensions: Sequence[Callable[[], SchemaExtension]] = (),
+    compiled: bool = True,
 ) -> strawberry.Schema:
     """Return the schema in which every store is a typed root field, next to the metadata fields.
 
     limits sets the documented defaults (page size) and the alias limit; the request context (see
     context_getter) enforces the rest, so give both the same Limits. The parser and validation
     caches keep the last cache_size distinct documents. With metrics, every request is counted and
-    timed (schema.metrics); extensions (e.g. tracing) are added after the built-in ones.
+    timed (schema.metrics); extensions (e.g. tracing) are added after the built-in ones. compiled: queries
+    over store fields run as compiled plans (schema.compiled) unless extensions are given.
     """
     settled = limits or Limits()
     plans = plan_stores(stores, settled)
@@ -190,7 +243,12 @@ def build_schema(
         lambda: ValidationCache(maxsize=cache_size),
         *extensions,
     ]
+    store_fields = {p.field: name for name, p in plans.items()}
     if metrics is not None:  # first: its operation hook ends last, timing and seeing the final errors
-        store_fields = {p.field: name for name, p in plans.items()}
         installed.insert(0, lambda: MetricsExtension(metrics, store_fields, frozenset(plans)))
-    return IqGraphSchema(query=query, extensions=installed, config=StrawberryConfig(scalar_map=SCALARS))
+    schema = IqGraphSchema(query=query, extensions=installed, config=StrawberryConfig(scalar_map=SCALARS))
+    if compiled and not extensions:  # another extension would not see compiled requests
+        roots = {*store_fields, *METADATA_FIELDS}
+        schema.compiled = CompiledQueries(schema._schema, roots, [alias_rule], cache_size)
+        schema.request_metrics = None if metrics is None else RequestMetrics(metrics, store_fields, frozenset(plans))
+    return schema

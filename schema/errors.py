@@ -162,6 +162,34 @@ def _rewrite(error: GraphQLError) -> GraphQLError:
     )
 
 
+def in_document_order(data: Any, errors: list[GraphQLError]) -> list[GraphQLError]:
+    """Return errors ordered by where their path is in the response (document order); pathless ones last.
+
+    graphql-core lists field errors in the order their resolvers happened to fail, which depends on
+    scheduling; ordered by path, the same request always gets the same response, on every execution path.
+    """
+
+    def position(error: GraphQLError) -> tuple[int, ...]:
+        if not error.path:
+            return (1 << 30,)
+        found: list[int] = []
+        value = data
+        for step in error.path:
+            if isinstance(value, dict) and isinstance(step, str):
+                keys = list(value)
+                found.append(keys.index(step) if step in value else len(keys))
+                value = value.get(step)
+            elif isinstance(value, list) and isinstance(step, int):
+                found.append(step)
+                value = value[step] if 0 <= step < len(value) else None
+            else:
+                found.append(step if isinstance(step, int) else 0)
+                value = None
+        return tuple(found)
+
+    return sorted(errors, key=position) if len(errors) > 1 else errors
+
+
 def with_codes(errors: Iterable[GraphQLError]) -> list[GraphQLError]:
     """Return errors each with a code, the unexpected ones masked (applying it twice changes nothing)."""
     return [_rewrite(e) if _needs_rewrite(e) else e for e in errors]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,24 @@ class GraphQLMetrics:
     duration: Histogram  # labels: field, store (seconds)
     errors: Counter  # labels: code
     keys_per_lookup: Histogram  # labels: store
+
+    def observe_request(
+        self,
+        labels: Sequence[tuple[str, str]],
+        elapsed: float,
+        errors: Sequence[GraphQLError],
+        bad_request: bool = False,
+    ) -> None:
+        """Count and time one request per (root field, store) label; count its errors per code.
+
+        bad_request: the request was refused before execution (it counts as one BAD_REQUEST error).
+        """
+        for field, store in labels or [("", "")]:
+            self.requests.labels(field, store).inc()
+            self.duration.labels(field, store).observe(elapsed)
+        codes = [BAD_REQUEST] if bad_request else [(e.extensions or {}).get("code") for e in with_codes(errors)]
+        for code in codes:
+            self.errors.labels(metric_code(code)).inc()
 
     def observe_lookup(self, store: str, keys: int) -> None:
         """Record one batched lookup of keys keys in store."""
@@ -115,22 +133,16 @@ class MetricsExtension(SchemaExtension):
             self._observe(time.perf_counter() - started, failure)
 
     def _observe(self, elapsed: float, failure: Exception | None) -> None:
-        for field, store in self._labels or [("", "")]:
-            self.metrics.requests.labels(field, store).inc()
-            self.metrics.duration.labels(field, store).observe(elapsed)
-        for code in self._error_codes(failure):
-            self.metrics.errors.labels(metric_code(code)).inc()
-
-    def _error_codes(self, failure: Exception | None) -> list[object]:
         if isinstance(failure, _REQUEST_ERRORS):
-            return [BAD_REQUEST]
+            self.metrics.observe_request(self._labels, elapsed, [], bad_request=True)
+            return
         if failure is not None:
             error = failure if isinstance(failure, GraphQLError) else GraphQLError(str(failure), original_error=failure)
             errors = [error]
         else:
             result = self.execution_context.result
             errors = list(result.errors or []) if result is not None else []
-        return [(e.extensions or {}).get("code") for e in with_codes(errors)]
+        self.metrics.observe_request(self._labels, elapsed, errors)
 
     def on_execute(self) -> Iterator[None]:
         """Name the request's root fields (the document is valid here) and watch its lookups."""
@@ -139,24 +151,38 @@ class MetricsExtension(SchemaExtension):
         if document is not None:
             variables = context.variables or {}
             fields = root_fields(document, context.operation_name)
-            self._labels = list(dict.fromkeys((f.name.value, self._store_of(f, variables)) for f in fields))
+            self._labels = request_labels(fields, variables, self.store_fields, self.stores)
         loaders = getattr(context.context, "loaders", None)
         if loaders is not None:
             loaders.observe = self.metrics.observe_lookup
         yield
 
     def _store_of(self, field: FieldNode, variables: Mapping[str, Any]) -> str:
-        store = self.store_fields.get(field.name.value)
-        if store is not None:
-            return store
-        for argument in field.arguments or ():
-            if argument.name.value == "store":
-                value = argument.value
-                if isinstance(value, StringValueNode):
-                    named: Any = value.value
-                elif isinstance(value, VariableNode):
-                    named = variables.get(value.name.value)
-                else:
-                    named = None
-                return named if isinstance(named, str) and named in self.stores else ""
-        return ""
+        return store_label(field, variables, self.store_fields, self.stores)
+
+
+def store_label(
+    field: FieldNode, variables: Mapping[str, Any], store_fields: Mapping[str, str], stores: Collection[str]
+) -> str:
+    """Return the store label of a root field: its store, the store its ``store`` argument names, or ""."""
+    store = store_fields.get(field.name.value)
+    if store is not None:
+        return store
+    for argument in field.arguments or ():
+        if argument.name.value == "store":
+            value = argument.value
+            if isinstance(value, StringValueNode):
+                named: Any = value.value
+            elif isinstance(value, VariableNode):
+                named = variables.get(value.name.value)
+            else:
+                named = None
+            return named if isinstance(named, str) and named in stores else ""
+    return ""
+
+
+def request_labels(
+    fields: Iterable[FieldNode], variables: Mapping[str, Any], store_fields: Mapping[str, str], stores: Collection[str]
+) -> list[tuple[str, str]]:
+    """Return the (root field, store) labels a request counts under, once each, in document order."""
+    return list(dict.fromkeys((f.name.value, store_label(f, variables, store_fields, stores)) for f in fields))

@@ -56,9 +56,12 @@ class Reports:
         """Return what goes to a response's extensions: staleness (if a standby answered), positions (if asked)."""
         found: dict[str, Any] = {}
         if self.staleness:
-            found["staleness"] = self.staleness
-        if self.want_positions:
-            found["positions"] = self.positions
+            found["staleness"] = sorted(self.staleness, key=lambda e: (e["store"], e["partition"], e["node"]))
+        if self.want_positions:  # in topic and partition order, whatever order the reads happened in
+            found["positions"] = {
+                topic: dict(sorted(seen.items(), key=lambda item: int(item[0])))
+                for topic, seen in sorted(self.positions.items())
+            }
         return found
 
     def missing(self, store: str, partitions: dict[int, str]) -> None:
@@ -78,6 +81,28 @@ def request_options(extensions: Any) -> Reports:
     return Reports(max_lag=bound, want_positions=extensions.get("positions") is True)
 
 
+def apply_request_options(context: Context, extensions: Any) -> None:
+    """Set the request's default bound and positions wish from its extensions (a bad option fails every read)."""
+    try:
+        options = request_options(extensions)
+    except ApiError as exc:
+        context.reports.invalid = exc
+    else:
+        context.reports.max_lag = options.max_lag
+        context.reports.want_positions = options.want_positions
+
+
+def partial_errors(reports: Reports) -> list[GraphQLError]:
+    """Return one PARTIAL_RESULT error per scan that left partitions out."""
+    return [
+        GraphQLError(
+            f"store {report['store']}: partitions {report['missingPartitions']} are missing from this page",
+            extensions={"code": PARTIAL_RESULT, **report},
+        )
+        for report in reports.partial
+    ]
+
+
 def _context(extension: SchemaExtension) -> Context | None:
     from iqgraph.schema.context import Context
 
@@ -92,13 +117,7 @@ class ClusterReports(SchemaExtension):
         """Before execution, read maxLag and positions from the request's extensions."""
         context = _context(self)
         if context is not None:
-            try:
-                options = request_options(self.execution_context.operation_extensions)
-            except ApiError as exc:
-                context.reports.invalid = exc
-            else:
-                context.reports.max_lag = options.max_lag
-                context.reports.want_positions = options.want_positions
+            apply_request_options(context, self.execution_context.operation_extensions)
         yield
 
     def on_execute(self) -> Iterator[None]:
@@ -108,11 +127,7 @@ class ClusterReports(SchemaExtension):
         result = self.execution_context.result
         if context is None or not context.reports.partial or result is None:
             return
-        errors = list(result.errors or [])
-        for report in context.reports.partial:
-            message = f"store {report['store']}: partitions {report['missingPartitions']} are missing from this page"
-            errors.append(GraphQLError(message, extensions={"code": PARTIAL_RESULT, **report}))
-        result.errors = errors
+        result.errors = [*(result.errors or []), *partial_errors(context.reports)]
 
     def get_results(self) -> dict[str, Any]:
         """Return the staleness report (if a standby answered) and the positions (if asked)."""

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import strawberry
 from pyspark.sql.types import DataType
+from strawberry.http import process_result
 from strawberry.types import ExecutionResult
 
 from iqgraph.app.cluster_queries import ClusterStoreQueries
@@ -71,13 +73,35 @@ class Api:
 
     def __post_init__(self) -> None:
         self.schema = build_schema(self.queries.stores(), self.limits, description=self.app.description)
+        self.reference = build_schema(
+            self.queries.stores(), self.limits, description=self.app.description, compiled=False
+        )
 
     async def run(
         self, query: str, variables: dict[str, Any] | None = None, extensions: dict[str, Any] | None = None
     ) -> ExecutionResult:
-        """Execute query with a fresh request context (and the request's GraphQL extensions, if any)."""
+        """Execute query with a fresh request context (and the request's GraphQL extensions, if any).
+
+        Every query runs twice, compiled where a plan covers it and on graphql-core alone, and the two
+        responses must be the same JSON (the differential test of schema.compiled).
+        """
+        result = await self.execute(self.schema, query, variables, extensions)
+        recorded = len(self.queries.calls)
+        reference = await self.execute(self.reference, query, variables, extensions)
+        del self.queries.calls[recorded:]  # tests count the calls of one execution
+        assert response_json(result) == response_json(reference), query
+        return result
+
+    async def execute(
+        self,
+        schema: strawberry.Schema,
+        query: str,
+        variables: dict[str, Any] | None = None,
+        extensions: dict[str, Any] | None = None,
+    ) -> ExecutionResult:
+        """Execute query on schema with a fresh request context."""
         context = context_getter(self.queries, self.limits)()
-        return await self.schema.execute(
+        return await schema.execute(
             query, variable_values=variables, context_value=context, operation_extensions=extensions
         )
 
@@ -93,6 +117,11 @@ class Api:
         result = await self.run(query, variables)
         assert result.errors, f"expected errors, got {result.data}"
         return [e.formatted for e in result.errors]
+
+
+def response_json(result: ExecutionResult) -> bytes:
+    """Return the JSON a client gets for result (as the HTTP layer makes it)."""
+    return orjson.dumps(process_result(result))
 
 
 def open_hosted(root: Path, app: App, topic: str) -> Hosted:

@@ -48,12 +48,20 @@ async def test_loaders_belong_to_one_request(shop: Api) -> None:
 async def test_parser_and_validation_caches_are_on(shop: Api) -> None:
     from strawberry.extensions import ParserCache, ValidationCache
 
-    extensions = [make() for make in shop.schema.extensions]  # type: ignore[operator]
+    extensions = [make() for make in shop.reference.extensions]  # type: ignore[operator]
     parser = next(e for e in extensions if isinstance(e, ParserCache))
     validator = next(e for e in extensions if isinstance(e, ValidationCache))
     query = '{ orderCount { get(key: "cache-check") } }'
-    await shop.data(query)
+    await shop.execute(shop.reference, query)
     parses, validations = parser.cached_parse_document.cache_info(), validator.cached_validate_document.cache_info()
-    await shop.data(query)
+    await shop.execute(shop.reference, query)
     assert parser.cached_parse_document.cache_info().hits == parses.hits + 1
     assert validator.cached_validate_document.cache_info().hits == validations.hits + 1
+
+
+async def test_a_document_is_compiled_once_and_its_plan_cached(shop: Api) -> None:
+    compiled = shop.schema.compiled  # type: ignore[attr-defined]
+    query = '{ orderCount { get(key: "plan-check") } }'
+    await shop.data(query)
+    plan = compiled.plan(query, None)
+    assert plan is not None and compiled.plan(query, None) is plan
