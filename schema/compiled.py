@@ -332,7 +332,7 @@ def _execute_fields(fields: list[_Field], source: Any, path: Path, errors: _Erro
             results[field.response_name] = value
     if not pending:
         return results
-    return _gather_into(results, pending)
+    return _gather_at(results, pending)
 
 
 _SETTLING: set[asyncio.Future[Any]] = set()
@@ -352,11 +352,12 @@ def _settled(future: asyncio.Future[Any]) -> None:
         future.exception()  # retrieved: its error is under a nulled position
 
 
-async def _gather_into(results: dict[str, Any], pending: list[tuple[str, Awaitable[Any]]]) -> dict[str, Any]:
+async def _gather_at(container: Any, pending: list[tuple[Any, Awaitable[Any]]]) -> Any:
+    """Return container (a dict or list) with each pending (place, awaitable) awaited, concurrently, in place."""
     values = await asyncio.gather(*(value for _, value in pending))
-    for (name, _), value in zip(pending, values, strict=True):
-        results[name] = value
-    return results
+    for (place, _), value in zip(pending, values, strict=True):
+        container[place] = value
+    return container
 
 
 def _execute_field(field: _Field, source: Any, path: Path, errors: _Errors, run: _Run) -> Any:
@@ -418,7 +419,7 @@ def _complete_items(
         completed.append(done)
     if not pending:
         return completed
-    return _gather_items(completed, pending)
+    return _gather_at(completed, pending)
 
 
 async def _item_later(
@@ -428,13 +429,6 @@ async def _item_later(
         return await done
     except Exception as raw:  # noqa: BLE001 - an item's failure nulls the item, as in graphql-core
         return _field_error(item_type, node, raw, path, errors)
-
-
-async def _gather_items(completed: list[Any], pending: list[tuple[int, Awaitable[Any]]]) -> list[Any]:
-    values = await asyncio.gather(*(value for _, value in pending))
-    for (index, _), value in zip(pending, values, strict=True):
-        completed[index] = value
-    return completed
 
 
 # -- the cache and the request ----------------------------------------------------------------------
