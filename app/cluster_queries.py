@@ -45,7 +45,7 @@ from iqgraph.schema.errors import (
 )
 from iqgraph.schema.reports import Reports
 from iqgraph.schema.types import Answer, KeyQueryMetadata, NodeInfo, PartitionInfo, Request, Scan, StoreInfo
-from iqgraph.stores import InvalidCursorError, Key, Page, StoreError, StoreKind, WindowedValue
+from iqgraph.stores import InvalidCursorError, Key, Page, StoreKind, WindowedValue
 from iqgraph.streaming.definitions import App, StoreDefinition
 from iqgraph.streaming.partitioner import PartitionerEvidence, evidence_from_counters, resolve
 
@@ -379,11 +379,12 @@ class ClusterStoreQueries:
         results: list[Any] = [None] * len(requests)
         needs: dict[int, list[int]] = {}
         detected = self.partitioner(definition.topic)
-        for i, request in enumerate(requests):
-            try:
-                needs[i] = list(self._partitions_of(definition, request[0], detected))
-            except (StoreError, ApiError) as exc:
-                results[i] = exc
+        keys = [request[0] for request in requests]
+        for i, where in enumerate(routing.store_keys_partitions(self.app, definition, keys, detected)):
+            if isinstance(where, Exception):
+                results[i] = where
+            else:
+                needs[i] = list(where)
         windowed = definition.kind is StoreKind.WINDOW
 
         async def ask(server: routing.Server, group: routing.Group) -> Answer[dict[int, Any]]:

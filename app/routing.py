@@ -1,6 +1,6 @@
 """The routing core: which partitions a key is in, and which replica serves each. Pure — no I/O, no clock.
 
-``key_partitions(key, …, detected)`` gives the partitions a read of a key must ask: the one the producers'
+``keys_partitions(keys, …, detected)`` gives the partitions a read of each key must ask: the one the producers'
 partitioner chose (``detected``: the configured partitioner, or under ``auto`` the one the sink detected
 per topic); both candidates while producers are seen mixing partitioners or nothing tells them apart yet;
 every partition for a store keyed by a column. A key no known partitioner explains cannot be routed with
@@ -41,7 +41,7 @@ from iqgraph.schema.errors import PARTITIONER_MISMATCH, STALE_BEYOND_BOUND, STOR
 from iqgraph.stores import InvalidKeyError, Key, KeyCodec
 from iqgraph.stores.codecs import KeyType
 from iqgraph.streaming.definitions import App, KeyFormat, StoreDefinition
-from iqgraph.streaming.partitioner import candidate_partitions, serialize_key
+from iqgraph.streaming.partitioner import candidates_many, serialize_key
 
 RUNNING, UNKNOWN, DOWN = "RUNNING", "UNKNOWN", "DOWN"
 
@@ -102,39 +102,69 @@ class Plan:
     refused: dict[int, Refusal] = field(default_factory=dict)
 
 
-def key_partitions(
-    key: Key,
+def keys_partitions(
+    keys: Sequence[Key],
     key_type: KeyType,
     key_format: KeyFormat,
     topic: str,
     partitions: int,
     co_partitioned: bool,
     detected: str,
-) -> tuple[int, ...]:
-    """Return the partitions a read of key asks; raise InvalidKeyError or PARTITIONER_MISMATCH."""
-    KeyCodec(key_type).check(key)
-    if key == "":
-        raise InvalidKeyError("the key is empty: give a non-empty key")
+) -> list[tuple[int, ...] | InvalidKeyError | ApiError]:
+    """Return, per key, the partitions a read of it asks, or why it cannot be read (in key order).
+
+    The keys are checked one by one and hashed as one batch (``candidates_many``).
+    """
+    codec = KeyCodec(key_type)
+    found: list[tuple[int, ...] | InvalidKeyError | ApiError] = []
+    routed: list[int] = []
+    for key in keys:
+        try:
+            codec.check(key)
+            if key == "":
+                raise InvalidKeyError("the key is empty: give a non-empty key")
+        except InvalidKeyError as exc:
+            found.append(exc)
+            continue
+        routed.append(len(found))
+        found.append(())
     if not co_partitioned:
-        return tuple(range(partitions))
-    found = candidate_partitions(serialize_key(key, key_format), partitions, detected)
-    if found is None:
-        raise ApiError(
-            f"topic {topic}: producers put keys on partitions neither murmur2 nor consistent_random explains, so "
-            "this key cannot be routed with confidence; set the app's kafka partitioner to the one the producers "
-            "use, or produce with murmur2_random / consistent_random",
-            PARTITIONER_MISMATCH,
-            topic=topic,
-            partitioner=detected,
-        )
+        every = tuple(range(partitions))
+        for i in routed:
+            found[i] = every
+        return found
+    candidates = candidates_many([serialize_key(keys[i], key_format) for i in routed], partitions, detected)
+    for i, where in zip(routed, candidates, strict=True):
+        found[i] = _mismatch(topic, detected) if where is None else where
     return found
+
+
+def _mismatch(topic: str, detected: str) -> ApiError:
+    return ApiError(
+        f"topic {topic}: producers put keys on partitions neither murmur2 nor consistent_random explains, so "
+        "this key cannot be routed with confidence; set the app's kafka partitioner to the one the producers "
+        "use, or produce with murmur2_random / consistent_random",
+        PARTITIONER_MISMATCH,
+        topic=topic,
+        partitioner=detected,
+    )
 
 
 def store_key_partitions(app: App, store: StoreDefinition, key: Key, detected: str) -> tuple[int, ...]:
     """Return the partitions a read of key of store asks (key_partitions with the store's topic and key type)."""
+    (found,) = store_keys_partitions(app, store, [key], detected)
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
+def store_keys_partitions(
+    app: App, store: StoreDefinition, keys: Sequence[Key], detected: str
+) -> list[tuple[int, ...] | InvalidKeyError | ApiError]:
+    """Return keys_partitions of keys of store (with the store's topic and key type)."""
     topic = app.topic(store.topic)
-    return key_partitions(
-        key,
+    return keys_partitions(
+        keys,
         store.resolved_key_type(topic),
         topic.key_format,
         topic.name,

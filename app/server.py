@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from starlette.routing import Route
 
 from iqgraph.app.merging import finalize
 from iqgraph.app.metrics import scrape, tracing_extensions
-from iqgraph.app.node import Node
+from iqgraph.app.node import Node, NodeStartError
 from iqgraph.app.rest import rest_routes
 from iqgraph.app.routing import store_key_partitions
 from iqgraph.app.settings import Settings
@@ -139,32 +140,55 @@ def graphql_app(node: Node) -> Any:
         description=node.app.description,
         metrics=node.metrics.graphql,
         extensions=tracing_extensions(settings.tracing),
+        compiled=settings.compiled,
     )
-    return GraphQLApp(schema, node.queries, limits, local=node.local)
+    return GraphQLApp(schema, node.queries, limits, local=node.local, compiled=settings.compiled)
 
 
 def serve(settings: Settings, app: App) -> int:
     """Run a node until interrupted; return the exit code."""
+    listener = bind_listener(settings.host, settings.port)  # before Spark: it takes ports of its own
     node = Node(settings, app)
     progress = lambda message: print(f"iqgraph: {message}", flush=True)  # noqa: E731
-    node.start(progress=progress)
+    try:
+        node.start(progress=progress)
+    except BaseException:
+        listener.close()
+        raise
     node.watch_restore(progress)
     try:
         asgi = build_asgi(node, graphql_app(node), raw_endpoint=settings.raw_endpoint)
         print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)
-        config = uvicorn.Config(
-            asgi, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=10
-        )
+        config = uvicorn.Config(asgi, log_level="warning", timeout_graceful_shutdown=10)
         gc.collect()
         gc.freeze()  # what start-up made lives as long as the node: keep it out of the collector's full passes
-        run_until_signalled(uvicorn.Server(config))
+        run_until_signalled(uvicorn.Server(config), listener)
     finally:
+        listener.close()
         print("iqgraph: stopping: streaming queries, stores, Spark", flush=True)
         node.stop()
     return 0
 
 
-def run_until_signalled(server: uvicorn.Server) -> None:
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Return a socket bound to host:port for uvicorn to listen on; NodeStartError if the port is taken.
+
+    Bound at once, before the node starts Spark: Spark's driver and its Kafka and Python connections take
+    ephemeral ports of their own, and the port chosen for the node must not be one of them by the time
+    the server listens (a port free when chosen was seen taken 15 s later). A taken port fails in a second,
+    not after Spark started.
+    """
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)  # as uvicorn binds host
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise NodeStartError(f"cannot listen on {host}:{port} ({exc.strerror}): choose another --port") from None
+    return listener
+
+
+def run_until_signalled(server: uvicorn.Server, listener: socket.socket | None = None) -> None:
     """Run server until SIGINT or SIGTERM, then return so that the caller can stop the node cleanly.
 
     uvicorn finishes in-flight requests, then re-raises the signal it caught to the handler that was
@@ -173,7 +197,7 @@ def run_until_signalled(server: uvicorn.Server) -> None:
     """
     previous = {sig: signal.signal(sig, _note_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run()
+        server.run(sockets=None if listener is None else [listener])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -43,6 +43,7 @@ class Settings:
     default_page_size: int = 100
     not_ready_deadline_ms: int = 2_000
     raw_endpoint: bool = False
+    compiled: bool = True  # queries a compiled plan covers skip graphql-core's executor (IQGRAPH_COMPILED=false: off)
     membership: str = "static"  # "static" (--peers) or "kafka" (consumer group, as Kafka Streams)
     peers: str | None = None  # id=URL,… (or URL,… named node-0, node-1, … in order); None: a single node
     standbys: int = 0

@@ -9,8 +9,10 @@ never Strawberry's plain text.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from cross_web import AsyncHTTPRequestAdapter, HTTPException, StarletteRequestAdapter
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -23,6 +25,7 @@ from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
 
 from iqgraph.schema import http_spec
+from iqgraph.schema.builder import IqGraphSchema
 from iqgraph.schema.context import Context, request_context
 from iqgraph.schema.errors import GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILED
 from iqgraph.schema.graphiql import graphiql_html
@@ -54,9 +57,11 @@ class GraphQLApp(GraphQL[Context, None]):
         limits: Limits | None = None,
         *,
         local: PeerQueries | None = None,
+        compiled: bool = True,
         **options: Any,
     ) -> None:
         super().__init__(schema, **options)
+        self.compiled = compiled  # serve what a compiled plan covers on the lean path
         self._limits = limits or Limits()
         self._queries = queries
         self._local = local
@@ -140,14 +145,57 @@ class GraphQLApp(GraphQL[Context, None]):
         """Return GraphiQL loading its assets from this node (schema.graphiql), never from a CDN."""
         return HTMLResponse(graphiql_html(request.url.path))
 
+    def encode_json(self, data: object) -> bytes:
+        """Return the JSON of a response body (orjson; json for what orjson refuses, e.g. huge ints)."""
+        try:
+            return orjson.dumps(data)
+        except TypeError:
+            return json.dumps(data, separators=(",", ":")).encode()
+
+    async def compiled_response(self, request: Request) -> Response | None:
+        """Return the response of a request a compiled plan answers; None for the Strawberry path.
+
+        The lean path: the same GraphQL-over-HTTP rules (schema.http_spec), the same context, the same
+        execution and the same response making as the Strawberry view, without its per-request machinery.
+        Anything else — GraphiQL, a refused request (its refusal is the Strawberry path's), a document or
+        variables no plan covers — gets None, and the Strawberry view serves it.
+        """
+        schema = self.schema
+        if not isinstance(schema, IqGraphSchema) or schema.compiled is None:
+            return None
+        media_type = http_spec.negotiate(request.headers.get("accept"))
+        if media_type is None or request.method not in ("GET", "POST"):
+            return None
+        try:
+            if request.method == "GET":
+                if self.should_render_graphql_ide(StarletteRequestAdapter(request)):
+                    return None
+                data = http_spec.graphql_request(http_spec.query_params(request.query_params))
+            else:
+                http_spec.check_content_type(request.headers.get("content-type"))
+                data = http_spec.graphql_request(http_spec.decode_body(await request.body()))
+        except HTTPException:
+            return None
+        sub_response = await self.get_sub_response(request)
+        context = await self.get_context(request, sub_response)
+        result = await schema.execute_compiled(
+            data.query, data.variables, context, data.operation_name, data.extensions
+        )
+        if result is None:
+            return None
+        return self.create_response(await self.process_result(request, result), sub_response)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI connection; HTTP requests that are not GraphQL get a JSON error."""
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        response: Response
+        response: Response | None
+        request = Request(scope=scope, receive=receive)
         try:
-            response = await self.run(Request(scope=scope, receive=receive))
+            response = await self.compiled_response(request) if self.compiled else None
+            if response is None:
+                response = await self.run(request)
         except HTTPException as exc:
             body, headers = http_spec.refusal(exc)
             response = Response(self.encode_json(body), exc.status_code, headers=headers)

@@ -121,20 +121,19 @@ class IqGraphSchema(strawberry.Schema):
         result = await self.execute_compiled(
             query, variable_values, context_value, operation_name, operation_extensions
         )
-        if result is None:
-            result = await super().execute(
-                query,
-                variable_values,
-                context_value,
-                root_value,
-                operation_name,
-                allowed_operation_types,
-                operation_extensions=operation_extensions,
-                **kwargs,
-            )
-        if result.errors:
-            result.errors = in_document_order(result.data, with_codes(result.errors))
-        return result
+        if result is not None:
+            return result
+        result = await super().execute(
+            query,
+            variable_values,
+            context_value,
+            root_value,
+            operation_name,
+            allowed_operation_types,
+            operation_extensions=operation_extensions,
+            **kwargs,
+        )
+        return _finished(result)
 
     async def execute_compiled(
         self,
@@ -153,11 +152,18 @@ class IqGraphSchema(strawberry.Schema):
         coerced = plan.coerce_variables(variables)
         if coerced is None:
             return None
-        return await run_compiled(plan, context, variables, coerced, extensions, self.request_metrics)
+        return _finished(await run_compiled(plan, context, variables, coerced, extensions, self.request_metrics))
 
     def process_errors(self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None) -> None:
         """Log the errors of one request (before ErrorCodes masks them)."""
         log_errors(errors)
+
+
+def _finished(result: ExecutionResult) -> ExecutionResult:
+    """Return result with every error coded (unexpected ones masked), in document order."""
+    if result.errors:
+        result.errors = in_document_order(result.data, with_codes(result.errors))
+    return result
 
 
 def _root_field(store: StoreInfo) -> str:

@@ -55,7 +55,7 @@ from graphql import (
 from graphql.error import GraphQLSyntaxError
 from graphql.execution.values import VariableValues, get_argument_values, get_variable_values
 from graphql.pyutils import inspect as graphql_inspect
-from graphql.utilities import get_operation_ast
+from graphql.utilities import get_operation_ast, type_from_ast
 from strawberry.types import ExecutionResult
 
 from iqgraph.schema.errors import log_errors, with_codes
@@ -139,11 +139,31 @@ class CompiledQuery:
         query = schema.query_type
         assert query is not None  # noqa: S101 - every schema has a query type
         self.root_fields = _fields(query, operation.selection_set.selections, roots)
+        self._string_lists = [
+            definition.variable.name.value
+            for definition in operation.variable_definitions or ()
+            if _is_string_list(type_from_ast(schema, definition.type))
+        ]
 
     def coerce_variables(self, inputs: dict[str, Any] | None) -> VariableValues | None:
-        """Return the operation's variables coerced; None when they do not coerce (graphql-core reports it)."""
-        coerced = get_variable_values(self.schema, self.operation.variable_definitions or (), inputs or {})
-        return coerced if isinstance(coerced, VariableValues) else None
+        """Return the operation's variables coerced; None when they do not coerce (graphql-core reports it).
+
+        A list of strings given for a ``[String!]`` variable (getMany's keys) is taken as it is: graphql-core
+        would check and copy each of its items to the same list; the other variables coerce as usual.
+        """
+        inputs = inputs or {}
+        taken = {
+            name: value
+            for name in self._string_lists
+            if isinstance(value := inputs.get(name), list) and all(type(item) is str for item in value)
+        }
+        rest = {**inputs, **dict.fromkeys(taken, [])} if taken else inputs
+        coerced = get_variable_values(self.schema, self.operation.variable_definitions or (), rest)
+        if not isinstance(coerced, VariableValues):
+            return None
+        for name, value in taken.items():
+            coerced.coerced[name] = list(value)
+        return coerced
 
     async def execute(
         self, context: Context, variables: VariableValues
@@ -158,6 +178,14 @@ class CompiledQuery:
             errors.add(error, ())
             data = None
         return data, errors.errors
+
+
+def _is_string_list(kind: Any) -> bool:
+    kind = kind.of_type if isinstance(kind, GraphQLNonNull) else kind
+    if not isinstance(kind, GraphQLList):
+        return False
+    item = kind.of_type.of_type if isinstance(kind.of_type, GraphQLNonNull) else kind.of_type
+    return item is GraphQLString
 
 
 # -- compiling ------------------------------------------------------------------------------------

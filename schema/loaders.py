@@ -1,4 +1,4 @@
-"""Per-request DataLoaders, one per store: point reads of one request go out as one batch per store.
+"""Per-request DataLoaders, one per store and bound: point reads of one request go out as one batch per store.
 
 A request's ``get``, ``getMany``, ``fetch``, ``mightContain`` and ``mightContainMany`` fields all load
 through their store's loader, so N such fields make one StoreQueries call per store (which routes the
@@ -38,32 +38,41 @@ async def load_batch(read: BatchRead, store: str, max_lag: int | None, keys: lis
 
 
 class Loaders:
-    """The DataLoaders of one request, made on first use (inside the running event loop)."""
+    """The DataLoaders of one request, made on first use (inside the running event loop).
+
+    A loader's item is a tuple of keys — one field's keys (``getMany``) or one key (``get``) — so a field
+    waits on ONE future whatever its number of keys. A batch reads the distinct keys of all its items in
+    one StoreQueries call and hands each item its results, in its keys' order.
+    """
 
     def __init__(self, queries: StoreQueries) -> None:
         self._queries = queries
-        self._loaders: dict[tuple[str, int | None], DataLoader[Any, Any]] = {}
+        self._loaders: dict[tuple[str, int | None], DataLoader[tuple[Any, ...], list[Any]]] = {}
         self.observe: BatchObserver | None = None
 
-    def _loader(self, store: str, max_lag: int | None, read: BatchRead) -> DataLoader[Any, Any]:
+    def _loader(self, store: str, max_lag: int | None, read: BatchRead) -> DataLoader[tuple[Any, ...], list[Any]]:
         loader = self._loaders.get((store, max_lag))
         if loader is None:
             loader = self._loaders[store, max_lag] = DataLoader(partial(self._load, read, store, max_lag))
         return loader
 
-    async def _load(self, read: BatchRead, store: str, max_lag: int | None, keys: list[Any]) -> list[Any]:
+    async def _load(
+        self, read: BatchRead, store: str, max_lag: int | None, items: list[tuple[Any, ...]]
+    ) -> list[list[Any]]:
+        keys = list(dict.fromkeys(key for item in items for key in item))
         if self.observe is not None:
             self.observe(store, len(keys))
-        return await load_batch(read, store, max_lag, keys)
+        found = dict(zip(keys, await load_batch(read, store, max_lag, keys), strict=True))
+        return [[found[key] for key in item] for item in items]
 
-    def values(self, store: str, max_lag: int | None = None) -> DataLoader[Key, Any]:
+    def values(self, store: str, max_lag: int | None = None) -> DataLoader[tuple[Key, ...], list[Any]]:
         """Return the loader of a key-value store's values (batched into get_many)."""
         return self._loader(store, max_lag, self._queries.get_many)
 
-    def windows(self, store: str, max_lag: int | None = None) -> DataLoader[WindowRequest, Any]:
+    def windows(self, store: str, max_lag: int | None = None) -> DataLoader[tuple[WindowRequest, ...], list[Any]]:
         """Return the loader of a window store's fetches (batched into fetch_many)."""
         return self._loader(store, max_lag, self._queries.fetch_many)
 
-    def membership(self, store: str, max_lag: int | None = None) -> DataLoader[Key, Any]:
+    def membership(self, store: str, max_lag: int | None = None) -> DataLoader[tuple[Key, ...], list[Any]]:
         """Return the loader of a bloom store's lookups (batched into might_contain_many)."""
         return self._loader(store, max_lag, self._queries.might_contain_many)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -70,13 +69,21 @@ def queries(info: strawberry.Info) -> StoreQueries:
 
 async def load_one(loader: DataLoader[Any, Any], key: Any, convert: Callable[[Any], Any]) -> Any:
     """Return the converted value the loader finds for key; raise its API error if it failed."""
+    (found,) = await loader.load((key,))
+    if isinstance(found, Exception):
+        raise found
     with store_errors():
-        return convert(await loader.load(key))
+        return convert(found)
 
 
 async def load_each(loader: DataLoader[Any, Any], keys: Sequence[Any], convert: Callable[[Any], Any]) -> list[Any]:
-    """Return, per key and in key order, the converted value or the API error in its place."""
-    found = await asyncio.gather(*(loader.load(k) for k in keys), return_exceptions=True)
+    """Return, per key and in key order, the converted value or the API error in its place (one future)."""
+    if not keys:
+        return []
+    try:
+        found = await loader.load(tuple(keys))
+    except Exception as exc:  # noqa: BLE001 - the whole batch failed: every key reports it, as a lone key would
+        return [exc for _ in keys]
     return [_converted(result, convert) for result in found]
 
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Final, Literal, NamedTuple
+
+import numpy as np
 
 from iqgraph.streaming.definitions import KeyFormat, Partitioner
 
@@ -53,6 +55,56 @@ def murmur2(data: bytes) -> int:
     h = (h * _M) & _MASK
     h ^= h >> 15
     return h
+
+
+def murmur2_many(keys: Sequence[bytes]) -> list[int]:
+    """Return murmur2 of each key, computed with numpy over the keys of each length at once.
+
+    The same hash as murmur2, per 32-bit block, in uint64 lanes masked to 32 bits (a product of two
+    32-bit values wraps modulo 2**64, which keeps its low 32 bits exact). A length shared by fewer than
+    _VECTOR_MIN keys is hashed one by one.
+    """
+    found = [0] * len(keys)
+    by_length: dict[int, list[int]] = {}
+    for index, key in enumerate(keys):
+        by_length.setdefault(len(key), []).append(index)
+    for length, indexes in by_length.items():
+        if len(indexes) < _VECTOR_MIN:
+            for i in indexes:
+                found[i] = murmur2(keys[i])
+            continue
+        for i, h in zip(indexes, _murmur2_same_length([keys[i] for i in indexes], length), strict=True):
+            found[i] = h
+    return found
+
+
+_VECTOR_MIN = 16
+
+
+def _murmur2_same_length(keys: list[bytes], length: int) -> list[int]:
+    data = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), length).astype(np.uint64)
+    m, mask = np.uint64(_M), np.uint64(_MASK)
+    h = np.full(len(keys), (0x9747B28C ^ length) & _MASK, dtype=np.uint64)
+    full = length - length % 4
+    for i in range(0, full, 4):
+        k = data[:, i] | (data[:, i + 1] << np.uint64(8)) | (data[:, i + 2] << np.uint64(16))
+        k |= data[:, i + 3] << np.uint64(24)
+        k = (k * m) & mask
+        k ^= k >> np.uint64(24)
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    rest = length % 4
+    if rest == 3:
+        h ^= data[:, full + 2] << np.uint64(16)
+    if rest >= 2:
+        h ^= data[:, full + 1] << np.uint64(8)
+    if rest >= 1:
+        h ^= data[:, full]
+        h = (h * m) & mask
+    h ^= h >> np.uint64(13)
+    h = (h * m) & mask
+    h ^= h >> np.uint64(15)
+    return [int(v) for v in h.tolist()]
 
 
 def murmur2_partition(key: bytes, partitions: int) -> int:
@@ -165,6 +217,21 @@ def detect(evidence: PartitionerEvidence) -> Detection:
 def resolve(partitioner: Partitioner, evidence: PartitionerEvidence) -> Detection:
     """Return the partitioner to route by: an explicit setting wins; "auto" detects from the evidence."""
     return detect(evidence) if partitioner == "auto" else partitioner
+
+
+def candidates_many(keys: Sequence[bytes], partitions: int, detected: str) -> list[tuple[int, ...] | None]:
+    """Return candidate_partitions of each key (serialized), hashing the batch at once."""
+    if detected == "unexplained":
+        return [None] * len(keys)
+    if detected not in (*PARTITIONERS, "mixed", "unknown"):
+        raise ValueError(f"not a partitioner or a detection: {detected!r}")
+    murmur = [(h & 0x7FFFFFFF) % partitions for h in murmur2_many(keys)] if detected != "consistent_random" else []
+    crc = [zlib.crc32(key) % partitions for key in keys] if detected != "murmur2" else []
+    if detected == "murmur2":
+        return [(p,) for p in murmur]
+    if detected == "consistent_random":
+        return [(p,) for p in crc]
+    return [(a,) if a == b else (a, b) for a, b in zip(murmur, crc, strict=True)]
 
 
 def candidate_partitions(key: bytes, partitions: int, detected: str) -> tuple[int, ...] | None:

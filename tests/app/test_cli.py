@@ -43,6 +43,21 @@ def test_a_bad_app_path_is_one_clear_line(tmp_path: Path) -> None:
     assert_one_line_error(iqgraph("serve"), "--app")
 
 
+def test_a_taken_port_is_one_clear_line_before_anything_starts(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = iqgraph("serve", "--app", "iqgraph.examples.shop:app", "--port", str(port))
+    assert_one_line_error(result, f"cannot listen on 127.0.0.1:{port}", "choose another --port")
+    assert time.monotonic() - started < 20  # no Kafka check, no Spark: the port is bound first
+    assert "Spark" not in result.stdout
+
+
 def test_bad_settings_say_what_to_fix(tmp_path: Path) -> None:
     assert_one_line_error(iqgraph("serve", "--app", "iqgraph.examples.shop:app", "--port", "70000"), "port 70000")
     config = tmp_path / "node.toml"

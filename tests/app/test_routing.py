@@ -14,7 +14,7 @@ from iqgraph.app.routing import (
     ReplicaState,
     Server,
     choose,
-    key_partitions,
+    keys_partitions,
     plan,
 )
 from iqgraph.schema.errors import ApiError
@@ -146,6 +146,20 @@ def test_plan_groups_reads_per_serving_node_and_refuses_a_read_as_a_whole() -> N
 def test_plan_honours_per_partition_exclusions() -> None:
     routed = plan(_map(), _states({"a": RUNNING, "b": RUNNING}), TOPIC, {0: [0]}, 5, {0: {"a"}})
     assert list(routed.groups) == [Server("b", "standby")]
+
+
+def key_partitions(key: object, *args: object) -> tuple[int, ...]:
+    """Return keys_partitions of one key; raise its error."""
+    (found,) = keys_partitions([key], *args)  # type: ignore[arg-type, list-item]
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
+def test_a_batch_routes_each_key_and_reports_each_bad_key_in_place() -> None:
+    found = keys_partitions(["k-1", "", 7, "k-2"], "string", "string", TOPIC, 6, True, "murmur2")
+    assert found[0] == (murmur2_partition(b"k-1", 6),) and found[3] == (murmur2_partition(b"k-2", 6),)
+    assert isinstance(found[1], InvalidKeyError) and isinstance(found[2], InvalidKeyError)
 
 
 def _key_on_disagreeing_partitions(partitions: int) -> str:

@@ -20,7 +20,7 @@ from strawberry.http import process_result
 from strawberry.types import ExecutionResult
 
 from iqgraph.app.cluster_queries import ClusterStoreQueries
-from iqgraph.schema import Limits, build_schema, context_getter
+from iqgraph.schema import GraphQLApp, Limits, build_schema, context_getter
 from iqgraph.stores import Key, PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.definitions import App
 from tests.queries import single_node
@@ -117,6 +117,68 @@ class Api:
         result = await self.run(query, variables)
         assert result.errors, f"expected errors, got {result.data}"
         return [e.formatted for e in result.errors]
+
+
+class DifferentialASGI:
+    """An ASGI app sending each HTTP request to two apps — compiled and lean, and Strawberry's alone —
+    and failing unless both answer with the same status, Content-Type and body bytes."""
+
+    def __init__(self, api: Api) -> None:
+        self.compiled = _CountingApp(api.schema, api.queries, api.limits)
+        self.reference = GraphQLApp(api.reference, api.queries, api.limits, compiled=False)
+
+    @property
+    def lean(self) -> int:
+        """Return how many requests the lean path answered."""
+        return self.compiled.lean
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.compiled(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message)
+            if not message.get("more_body"):
+                break
+        compiled, reference = (
+            await self._answer(self.compiled, scope, chunks),
+            await self._answer(self.reference, scope, chunks),
+        )
+        assert _comparable(compiled) == _comparable(reference), (scope.get("query_string"), chunks)
+        for message in compiled:
+            await send(message)
+
+    @staticmethod
+    async def _answer(app: GraphQLApp, scope: Any, chunks: list[Any]) -> list[Any]:
+        replay = iter(chunks)
+        sent: list[Any] = []
+
+        async def receive() -> Any:
+            return next(replay, {"type": "http.disconnect"})
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        await app(dict(scope), receive, send)
+        return sent
+
+
+class _CountingApp(GraphQLApp):
+    lean = 0
+
+    async def compiled_response(self, request: Any) -> Any:
+        response = await super().compiled_response(request)
+        self.lean += response is not None
+        return response
+
+
+def _comparable(messages: list[Any]) -> tuple[int, dict[bytes, bytes], bytes]:
+    start = messages[0]
+    headers = {k.lower(): v for k, v in start.get("headers") or [] if k.lower() in (b"content-type", b"allow")}
+    body = b"".join(m.get("body", b"") for m in messages[1:])
+    return start["status"], headers, body
 
 
 def response_json(result: ExecutionResult) -> bytes:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 from iqgraph.schema import GraphQLApp, Limits
-from tests.schema.conftest import Api
+from tests.schema.conftest import Api, DifferentialASGI
 
 
-def client(api: Api) -> httpx.AsyncClient:
+def client(api: Api, app: Any = None) -> httpx.AsyncClient:
     """Return an HTTP client of api's GraphQLApp, in-process."""
-    app = GraphQLApp(api.schema, api.queries, api.limits)
+    app = app or GraphQLApp(api.schema, api.queries, api.limits)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://iqgraph")
 
 
@@ -39,3 +41,31 @@ async def test_limits_apply_over_http(shop: Api) -> None:
     async with client(small) as http:
         response = await http.post("/graphql", json={"query": '{ orderCount { getMany(keys: ["a", "b"]) } }'})
     assert response.json()["errors"][0]["extensions"]["code"] == "LIMIT_EXCEEDED"
+
+
+async def test_the_lean_path_answers_compiled_queries_with_the_views_bytes(shop: Api) -> None:
+    differential = DifferentialASGI(shop)
+    async with client(shop, differential) as http:
+        queries = [
+            '{ orderCount { get(key: "customer-00") many: getMany(keys: ["customer-01", "nobody", ""]) } }',
+            '{ orderCount(maxLag: -1) { get(key: "customer-00") } }',
+            '{ latestOrder { get(key: "customer-00") { orderId amount ts } } itemsSold { mightContain(key: "x") } }',
+        ]
+        for query in queries:
+            for accept in ("application/graphql-response+json", "application/json", "*/*"):
+                posted = await http.post("/graphql", json={"query": query}, headers={"accept": accept})
+                got = await http.get("/graphql", params={"query": query}, headers={"accept": accept})
+                assert posted.status_code == got.status_code and posted.json() == got.json()
+        variables = {"query": "query($k: [String!]!) { orderCount { getMany(keys: $k) } }", "variables": {"k": ["a"]}}
+        assert (await http.post("/graphql", json=variables)).status_code == 200
+        bad = {**variables, "variables": {"k": [1]}}
+        assert (await http.post("/graphql", json=bad)).status_code == 422  # not coerced: the view answers
+        ide = await http.get("/graphql", headers={"accept": "text/html"})
+        assert ide.status_code == 200 and "graphiql" in ide.text.lower()
+    assert differential.lean == 3 * 3 * 2 + 1
+
+
+async def test_the_lean_path_can_be_turned_off(shop: Api) -> None:
+    app = GraphQLApp(shop.schema, shop.queries, shop.limits, compiled=False)
+    async with client(shop, app) as http:
+        assert (await http.post("/graphql", json={"query": "{ node { id } }"})).status_code == 200

@@ -12,8 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from iqgraph.schema import GraphQLApp
-from tests.schema.conftest import Api
+from tests.schema.conftest import Api, DifferentialASGI
 
 GRAPHQL_RESPONSE = "application/graphql-response+json; charset=utf-8"
 JSON = "application/json; charset=utf-8"
@@ -35,8 +34,11 @@ REFUSED: list[tuple[str, dict[str, Any], int]] = [
 
 @pytest.fixture
 async def http(shop: Api) -> AsyncIterator[httpx.AsyncClient]:
-    """Return an HTTP client of the shop's GraphQLApp, in-process, asking for graphql-response+json."""
-    app = GraphQLApp(shop.schema, shop.queries, shop.limits)
+    """Return an HTTP client of the shop's GraphQLApp, in-process, asking for graphql-response+json.
+
+    Every request goes to the lean path (compiled plans) and to Strawberry's view alone: the responses
+    must be the same bytes (DifferentialASGI)."""
+    app = DifferentialASGI(shop)
     headers = {"accept": "application/graphql-response+json"}
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://iqgraph", headers=headers

@@ -158,3 +158,18 @@ def test_candidate_partitions_refuses_auto_and_other_names() -> None:
     for name in ("auto", "random", ""):
         with pytest.raises(ValueError, match="not a partitioner or a detection"):
             candidate_partitions(b"k", PARTITIONS, name)
+
+
+def test_the_batch_hash_equals_the_scalar_hash_for_every_length_and_detection() -> None:
+    import random
+
+    from iqgraph.streaming.partitioner import candidates_many, murmur2, murmur2_many
+
+    rng = random.Random(11)
+    keys = [rng.randbytes(rng.choice([0, 1, 2, 3, 4, 5, 7, 8, 12, 13, 16, 33])) for _ in range(4_000)]
+    keys += [f"customer-{i:04d}".encode() for i in range(500)] + ["kéy-ü".encode()] * 20
+    assert murmur2_many(keys) == [murmur2(k) for k in keys]
+    for detected in ("murmur2", "consistent_random", "mixed", "unknown", "unexplained"):
+        assert candidates_many(keys, 7, detected) == [candidate_partitions(k, 7, detected) for k in keys], detected
+    with pytest.raises(ValueError, match="not a partitioner"):
+        candidates_many(keys, 7, "auto")
