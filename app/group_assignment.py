@@ -95,7 +95,10 @@ def build_map(
     2. else a caught-up copy on another live member is active — the claimant's standbys first (they host
        the partition anyway, so the active role moves between them without any node starting or stopping
        a pipeline), then the others (the previous owner), by id; never by lag, which moves with every
-       record and would flap the role between caught-up copies — and the claimant warms up as a standby;
+       record and would flap the role between caught-up copies — and the claimant warms up as a standby.
+       Every other caught-up copy stays a standby while the claimant warms up: the one chosen may be a
+       member that just crashed (its record lives until it expires), and a copy dropped would restore
+       from scratch when the map changes again;
     3. else the most advanced copy among the claimant and its standbys is active — RUNNING first, then the
        least lag, the claimant among equals; the claimant when none of them reports a copy. Reads wait
        for a restoring active: better one seconds from RUNNING (a standby restarting its pipeline) than
@@ -144,7 +147,8 @@ def _claimed(
         best = ranked[0][-1] if ranked else claimant.node_id
     if best == claimant.node_id:
         return PartitionOwners(best, assigned)
-    return PartitionOwners(best, (claimant.node_id, *(n for n in assigned if n != best)))
+    kept = sorted(r.node_id for r in others if r.node_id != best and r.node_id not in assigned)
+    return PartitionOwners(best, (claimant.node_id, *(n for n in assigned if n != best), *kept))
 
 
 def _unclaimed(

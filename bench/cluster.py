@@ -27,8 +27,9 @@ The cluster and all-local queries go over keep-alive ``http.client`` connections
 that what is timed is the servers. The naive clients talk to the owners directly — one hop fewer than a
 layer inside node-0 would make — which flatters them.
 
-Targets (printed, not asserted): cluster p50 ≤ 2× all-local p50; per-key forwarding (sequential) p50
-≥ 50× cluster p50 — judged on httpx, and shown for the lean client too; cluster p50 ≤ 25 ms.
+Targets (printed, not asserted; the query-speed issue's): cluster p50 ≤ 1.5× all-local p50; per-key
+forwarding (sequential) p50 ≥ 100× cluster p50 — judged on httpx, and shown for the lean client too;
+cluster p50 ≤ 15 ms.
 
 Usage: ``make bench-cluster`` or ``.venv/bin/python bench/cluster.py [--events N] [--samples S]``.
 """
@@ -76,9 +77,9 @@ FIELD = "orderCount"
 GET_MANY = f"query($k: [String!]!) {{ {FIELD} {{ getMany(keys: $k) }} }}"
 GET_ONE = f"query($k: String!) {{ {FIELD} {{ get(key: $k) }} }}"
 APP_MODULE = "bench_cluster_app"
-TARGET_LOCAL_RATIO = 2.0
-TARGET_NAIVE_RATIO = 50.0
-TARGET_P50_MS = 25.0
+TARGET_LOCAL_RATIO = 1.5
+TARGET_NAIVE_RATIO = 100.0
+TARGET_P50_MS = 15.0
 
 Values = list[int | None]
 

@@ -8,9 +8,11 @@ One run, all on this machine:
    through the cluster layer, which on one node routes every key locally, so its cost counts against
    GraphQL) and wait until it is ready and has applied every order; check that every path answers the
    order count the events give;
-3. point lookups per second of one existing key, same load client, connections and duration for each:
-   (a) ``POST /graphql`` ``{ orderCount { get(key: …) } }``, (b) ``GET /raw/order_count/<key>``,
-   (c) ``GET /graphql?query=…``; runs alternate a → b → c, ``--rounds`` times, and the medians count.
+3. requests per second, same load client, connections and duration for each: point lookups of one
+   existing key — (a) ``POST /graphql`` ``{ orderCount { get(key: …) } }`` (compiled), (a') the same with
+   ``@include(if: true)``, which no compiled plan covers (the Strawberry/graphql-core path of the same
+   node), (b) ``GET /raw/order_count/<key>``, (c) ``GET /graphql?query=…`` — and a dashboard query over
+   five stores, compiled and on graphql-core; runs alternate, ``--rounds`` times, and the medians count.
    The client is wrk when it is on PATH (``make bench-query`` installs it as root), else a Python asyncio
    keep-alive client (bench/query.py's own, much lighter than httpx so that it does not cap the raw rate).
    Each run also records the node process's CPU time per request, the steadier figure on a shared machine;
@@ -167,13 +169,30 @@ class Endpoint:
         self.name, self.method, self.path, self.body = name, method, path, body
 
 
+#: A dashboard's query over five stores (20 keys of the order count and total spend).
+DASHBOARD = (
+    '{ orderCount { get(key: "KEY") top: getMany(keys: KEYS) } totalSpend { getMany(keys: KEYS) } '
+    'latestOrder { get(key: "KEY") { orderId item amount ts } } '
+    'ordersPerMinute { fetch(key: "KEY", from: 0) { start value } } '
+    'itemsSold { mightContainMany(keys: ["widget", "gadget", "unicorn"]) } }'
+)
+
+
 def endpoints(key: str) -> list[Endpoint]:
-    """Return (a) GraphQL POST, (b) raw GET and (c) GraphQL GET, each looking up key in the order count."""
+    """Return the requests under load: GraphQL POST (compiled; and, with ``@include(if: true)``, which no
+    plan covers, the same lookup on the Strawberry/graphql-core path of the same node), raw GET, GraphQL
+    GET, and the dashboard query over five stores (compiled, and on graphql-core)."""
     query = f'{{ {FIELD} {{ get(key: "{key}") }} }}'
+    core = f'{{ {FIELD} {{ get(key: "{key}") @include(if: true) }} }}'
+    dashboard = DASHBOARD.replace("KEYS", json.dumps(many_keys()[:20])).replace("KEY", key)
+    dashboard_core = dashboard.replace("{ orderId", "{ orderId @include(if: true)", 1)
     return [
         Endpoint("graphql_post", "POST", "/graphql", orjson.dumps({"query": query})),
+        Endpoint("graphql_post_core", "POST", "/graphql", orjson.dumps({"query": core})),
         Endpoint("raw", "GET", f"/raw/{STORE}/{key}"),
         Endpoint("graphql_get", "GET", f"/graphql?query={quote(query)}"),
+        Endpoint("dashboard", "POST", "/graphql", orjson.dumps({"query": dashboard})),
+        Endpoint("dashboard_core", "POST", "/graphql", orjson.dumps({"query": dashboard_core})),
     ]
 
 
@@ -185,6 +204,10 @@ def check_answers(client: httpx.Client, url: str, key: str, expected: int) -> No
             headers={"content-type": "application/json"} if endpoint.body else None,
         )  # fmt: skip
         body = response.json()
+        if endpoint.name.startswith("dashboard"):
+            if response.status_code != 200 or body.get("errors"):
+                raise RuntimeError(f"{endpoint.name} answered {response.status_code} {str(body)[:300]}")
+            continue
         got = body.get("value") if endpoint.name == "raw" else (body.get("data") or {}).get(FIELD, {}).get("get")
         if response.status_code != 200 or got is None or int(got) != expected:
             raise RuntimeError(f"{endpoint.name} answered {response.status_code} {body}, expected {expected}")
@@ -400,10 +423,17 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
     print(f"\nquery bench: {args.events:,} shop orders, {PARTITIONS} partitions, one node, {machine()}")
     print(f"client: {args.client}, {args.connections} connections, {args.threads} threads, "
           f"{args.duration:g} s per run, {args.rounds} rounds alternating, medians")  # fmt: skip
-    for name, label in (("graphql_post", "GraphQL POST"), ("raw", "raw GET"), ("graphql_get", "GraphQL GET")):
+    labels = {
+        "graphql_post": "GraphQL POST", "graphql_post_core": "  on g.-core", "raw": "raw GET",
+        "graphql_get": "GraphQL GET", "dashboard": "dashboard", "dashboard_core": "  on g.-core",
+    }  # fmt: skip
+    for name, label in labels.items():
         r = runs[name]
         print(f"{label:<13} {rps[name]:>9,} req/s  {cpu[name]:>6,.0f} µs CPU/req   p50 {_median(r, 'p50'):6.2f} ms"
-              f"  p99 {_median(r, 'p99'):6.2f} ms   runs {[round(x['rps']) for x in r]}")  # fmt: skip
+              f"  p99 {_median(r, 'p99'):6.2f} ms   runs {[round(x['rps']) for x in r]}"
+              f"   per core {1e6 / cpu[name]:>7,.0f} req/s")  # fmt: skip
+    print(f"compiled / graphql-core: point lookup {rps['graphql_post'] / rps['graphql_post_core']:.2f}×, "
+          f"dashboard {rps['dashboard'] / rps['dashboard_core']:.2f}× (req/s)")  # fmt: skip
     print(f"ratio GraphQL POST / raw  {ratio:.3f}   target ≥ {TARGET_RATIO}   (GET: {get_ratio:.3f};"
           f" by CPU per request: {cpu_ratio:.3f})")  # fmt: skip
     existing = figures["getmany_existing_keys"]
@@ -430,6 +460,11 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
         "ratio_graphql_raw": None if ratio is None else round(ratio, 3),
         "ratio_graphql_get_raw": None if get_ratio is None else round(get_ratio, 3),
         "ratio_by_cpu": None if cpu_ratio is None else round(cpu_ratio, 3),
+        "compiled_over_core": {
+            "point": round(rps["graphql_post"] / rps["graphql_post_core"], 2),
+            "dashboard": round(rps["dashboard"] / rps["dashboard_core"], 2),
+        },
+        "dashboard_per_core_rps": round(1e6 / cpu["dashboard"]),
         "getmany": {"keys": 1000, "existing": existing, "inline": inline, "variables": variables},
         **figures,
         "targets": {"ratio_graphql_raw": TARGET_RATIO, "getmany_p50_ms": TARGET_GETMANY_P50_MS},

@@ -3,6 +3,7 @@ file, `iqgraph produce --file`, `iqgraph serve --create-topics`, `iqgraph dev` a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -176,9 +177,29 @@ class DevProcess:
     def ctrl_c(self) -> str:
         """Send SIGINT to the whole process group, as Ctrl-C in a terminal does; return the rest of the output."""
         os.killpg(self.process.pid, signal.SIGINT)
-        rest, _ = self.process.communicate(timeout=120)
+        try:
+            rest, _ = self.process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            # dev did not stop: kill its group (its nodes run in groups of their own), so that one failure does
+            # not leave Spark running under the tests after it, then fail with what it printed
+            for pid in _children(self.process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            os.killpg(self.process.pid, signal.SIGKILL)
+            rest, _ = self.process.communicate(timeout=30)
+            raise AssertionError("dev did not stop within 120 s of Ctrl-C:\n" + "".join(self.lines) + rest) from None
         self.lines.append(rest)
         return "".join(self.lines)
+
+
+def _children(pid: int) -> list[int]:
+    """Return the ids of pid's child processes (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def processes_of(marker: Path) -> list[str]:

@@ -281,9 +281,9 @@ def test_a_joiner_running_within_the_recovery_lag_becomes_active() -> None:
 
     caught_up = record("c", (2,), {2: ("RUNNING", 1_000)})
     assert owners([a, b, caught_up], 2) == PartitionOwners("c", ("a",))
-    assert owners([a, b, caught_up], 2, recovery_lag=999) == PartitionOwners("a", ("c",))
+    assert owners([a, b, caught_up], 2, recovery_lag=999) == PartitionOwners("a", ("c", "b"))  # b's copy stays
     lag_unknown = record("c", (2,), {2: ("RUNNING", None)})
-    assert owners([a, b, lag_unknown], 2) == PartitionOwners("a", ("c",))
+    assert owners([a, b, lag_unknown], 2) == PartitionOwners("a", ("c", "b"))
 
 
 def test_the_claimants_standby_is_preferred_to_an_outsider_with_less_lag() -> None:
@@ -291,8 +291,8 @@ def test_the_claimants_standby_is_preferred_to_an_outsider_with_less_lag() -> No
     a = record("a", (0,), {2: ("RUNNING", 40)})
     b = record("b", (1,), {2: ("RUNNING", 5)})
     c = record("c", (2,), {2: ("RESTORING", 50_000)})
-    assert owners([a, b, c], 2) == PartitionOwners("a", ("c",))
-    assert owners([a, b, record("c", (2,), {2: ("RUNNING", 20_000)})], 2) == PartitionOwners("a", ("c",))
+    assert owners([a, b, c], 2) == PartitionOwners("a", ("c", "b"))  # b stays a standby while c warms up
+    assert owners([a, b, record("c", (2,), {2: ("RUNNING", 20_000)})], 2) == PartitionOwners("a", ("c", "b"))
 
 
 def test_with_no_copy_caught_up_the_most_advanced_of_the_claims_copies_is_active() -> None:
@@ -336,6 +336,17 @@ def test_caught_up_copies_keep_the_active_role_whatever_their_lags_do() -> None:
     assert owners([record("a", (0,), {2: ("RUNNING", 1_000)}), behind, c], 2).active == "a"
     beyond = record("a", (0,), {2: ("RUNNING", 1_001)})
     assert owners([beyond, record("b", (1,), {2: ("RUNNING", 0)}), c], 2).active == "b"
+
+
+def test_while_a_claimant_warms_up_every_caught_up_copy_stays_a_standby() -> None:
+    # seen under load: c crashed (its record still live), the group gave c's partition 4 to b, which has no
+    # copy; c stayed active as b's standby-to-be, and a's caught-up standby copy was dropped from the map:
+    # every read of 4 failed (c down, no standby that could answer), and a restored 4 from scratch after
+    c = record("c", (4,), {4: ("RUNNING", 3)}, generation=5, age=2)
+    a = record("a", (0,), {4: ("RUNNING", 0)}, generation=6)
+    b = record("b", (4,), {}, generation=6)
+    found = owners([a, b, c], 4)
+    assert found.active == "c" and "a" in found.standbys and "b" in found.standbys, found
 
 
 def test_an_unclaimed_partition_keeps_every_copy_it_has() -> None:
