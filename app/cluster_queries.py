@@ -100,7 +100,12 @@ class _Round:
         self, index: int, partitions: Sequence[int], value: Any, combine: Callable[[Any, Any], Any] | None
     ) -> None:
         """Record index's value from partitions; final once every partition it needs is read."""
-        if index not in self.remaining:
+        needed = self.remaining.get(index)
+        if needed is None:
+            return
+        if len(needed) == 1 and needed[0] in partitions and index not in self.partial:
+            self.results[index] = value  # one partition, read at once: the common case
+            del self.remaining[index]
             return
         old = self.partial.get(index)
         self.partial[index] = value if index not in self.partial or combine is None else combine(old, value)

@@ -270,7 +270,21 @@ def plan(
     excluded = excluded or {}
     chosen: dict[int, Server | Refusal] = {}
     result = Plan()
+    groups = result.groups
     for index, partitions in needs.items():
+        if len(partitions) == 1:  # the common case (one partition per key), without the general bookkeeping
+            p = partitions[0]
+            one = chosen.get(p)
+            if one is None:
+                one = chosen[p] = choose(cmap, replicas, topic, p, bound, excluded.get(p, ()), prefer)
+            if isinstance(one, Refusal):
+                result.refused[index] = one
+            else:
+                group = groups.get(one)
+                if group is None:
+                    group = groups[one] = Group()
+                group.reads[index] = [p]
+            continue
         servers: list[tuple[int, Server]] = []
         for p in partitions:
             server = chosen.get(p)
