@@ -68,8 +68,13 @@ def run_dev(options: DevOptions) -> int:
     if options.data is not None and not options.data.is_file():
         raise DevError(f"--data {options.data}: no such file")
     run = DevRun(app, options, _state_dir(options.state_dir))
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal or a kill stops as cleanly as Ctrl-C
-        signal.signal(sig, signal.default_int_handler)
+
+    def interrupt(_sig: int, _frame: object) -> None:
+        run.interrupted.set()  # kept even if the KeyboardInterrupt below is lost (raised inside a finalizer)
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a closed terminal or a kill stops as Ctrl-C does
+        signal.signal(sig, interrupt)
     try:
         run.start()
         run.wait()
@@ -108,6 +113,7 @@ class DevRun:
         self.nodes: list[NodeProcess] = []
         self.feed: threading.Thread | None = None
         self.stop_feed = threading.Event()
+        self.interrupted = threading.Event()  # Ctrl-C, SIGTERM or SIGHUP came: waits end at their next turn
         self.samples: list[tuple[str, Any, Any]] = []
 
     def say(self, message: str) -> None:
@@ -131,16 +137,24 @@ class DevRun:
         if self.feed is not None:
             self.feed.start()
         self._print_example()
+        self._check_interrupted()
         self.say("Ctrl-C stops everything")
 
     def wait(self) -> None:
         """Return after the duration, when a node exits, or on Ctrl-C (KeyboardInterrupt)."""
         deadline = time.monotonic() + self.options.duration if self.options.duration > 0 else None
         while deadline is None or time.monotonic() < deadline:
+            self._check_interrupted()
             for node in self.nodes:
                 if node.process.poll() is not None:
                     raise DevError(f"{node.id} exited with code {node.process.returncode}; see {node.log}")
             time.sleep(0.5)
+
+    def _check_interrupted(self) -> None:
+        """Raise KeyboardInterrupt if a stop signal came (its own KeyboardInterrupt may have been swallowed:
+        Python runs a signal handler wherever the main thread is, a finalizer included, where it is lost)."""
+        if self.interrupted.is_set():
+            raise KeyboardInterrupt
 
     def stop(self) -> None:
         """Stop the feed, then the nodes, then the broker; one line per step."""
@@ -230,7 +244,9 @@ class DevRun:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         pending = list(self.nodes)
+        self._check_interrupted()
         while pending:
+            self._check_interrupted()
             for node in list(pending):
                 if node.process.poll() is not None:
                     raise DevError(f"{node.id} exited with code {node.process.returncode}:\n{node.tail()}")

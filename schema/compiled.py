@@ -73,7 +73,11 @@ Path = tuple[str | int, ...]
 
 
 class _Info:
-    """What a store field's resolver reads from its info: the request context."""
+    """What a resolver a plan calls gets as its info: the request context, and nothing else.
+
+    Every resolver of the schema reads only ``info.context`` (schema.resolving.context); a resolver that
+    needs more of graphql-core's info must keep its field out of plans (raise _Unsupported for it).
+    """
 
     __slots__ = ("context",)
 

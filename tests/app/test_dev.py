@@ -336,3 +336,18 @@ def test_dev_with_two_nodes_answers_the_same_on_each(tmp_path: Path) -> None:
     guest = records[0]["key"]
     assert answers[0]["data"]["bookingsPerGuest"]["get"] == sum(r["key"] == guest for r in records)
     assert dev.process.returncode == 0 and "stopping node-1" in output and processes_of(tmp_path / "run") == []
+
+
+def test_a_stop_signal_ends_dev_waits_even_if_its_keyboard_interrupt_was_lost(tmp_path: Path) -> None:
+    # Python runs a signal handler wherever the main thread is; inside a finalizer its KeyboardInterrupt is
+    # swallowed ("Exception ignored in …"). Seen once in CI: a SIGHUP during start-up left dev serving. The
+    # handler also sets run.interrupted, which every wait checks at its next turn.
+    from iqgraph.app.dev import DevOptions, DevRun
+    from iqgraph.examples.shop import build_app
+
+    run = DevRun(build_app("orders", 2), DevOptions(app="x:app"), tmp_path)
+    run.interrupted.set()
+    with pytest.raises(KeyboardInterrupt):
+        run.wait()
+    with pytest.raises(KeyboardInterrupt):
+        run._wait_ready()
