@@ -56,6 +56,7 @@ from graphql.error import GraphQLSyntaxError
 from graphql.execution.values import VariableValues, get_argument_values, get_variable_values
 from graphql.pyutils import inspect as graphql_inspect
 from graphql.utilities import get_operation_ast, type_from_ast
+from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types import ExecutionResult
 
 from iqgraph.schema.errors import log_errors, with_codes
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
     from iqgraph.schema.context import Context
     from iqgraph.schema.metrics import GraphQLMetrics
 
-DEFINITION = "strawberry-definition"
+DEFINITION = GraphQLCoreConverter.DEFINITION_BACKREF  # where Strawberry keeps a field's definition
 Path = tuple[str | int, ...]
 
 
