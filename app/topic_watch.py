@@ -6,6 +6,10 @@ A background thread refreshes, every ``interval_s``:
 - per topic, the partitioner the producers use, detected from the evidence the sink keeps in each hosted
   partition's meta counters (``streaming.partitioner``). An explicit setting wins over detection; a node
   that hosts no partition of a topic yet sees no evidence: "unknown" (reads ask both candidates).
+
+While a topic's detection is still "unknown" (or not made yet), ``partitioner`` detects again on the spot
+from the counters (no Kafka call): the first records a node applies are routed by at once, not one refresh
+interval later — a node turns ready as soon as its partitions catch up, before the thread's next round.
 """
 
 from __future__ import annotations
@@ -58,7 +62,10 @@ class TopicWatch:
         """Return the partitioner to route topic's keys by (configured, or detected under auto)."""
         if self.configured != "auto":
             return self.configured
-        return self._detected.get(topic, "unknown")
+        detected = self._detected.get(topic, "unknown")
+        if detected == "unknown":
+            detected = self._detect(topic)
+        return detected
 
     def refresh(self) -> None:
         """Read the end offsets and the partitioner evidence now."""
@@ -71,14 +78,22 @@ class TopicWatch:
                     self._ends[topic, p] = end
             except Exception as exc:  # noqa: BLE001 - Kafka away for a moment: keep the last values
                 log.debug("end offsets of %s: %s", topic, exc)
-            evidence = PartitionerEvidence()
-            for stores in list(hosted.values()):
-                try:
-                    evidence += evidence_from_counters(stores.db.counter)
-                except Exception:  # noqa: BLE001,S112 - a partition closing while it moves
-                    continue
-            self._detected[topic] = resolve("auto", evidence)
+            self._detect(topic)
+
+    def _detect(self, topic: str) -> str:
+        """Detect topic's partitioner from its hosted partitions' counters now, and keep the result."""
+        evidence = PartitionerEvidence()
+        for stores in list(self.partitions.get(topic, {}).values()):
+            try:
+                evidence += evidence_from_counters(stores.db.counter)
+            except Exception:  # noqa: BLE001,S112 - a partition closing while it moves
+                continue
+        detected = self._detected[topic] = resolve("auto", evidence)
+        return detected
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.refresh()
+            try:
+                self.refresh()
+            except Exception:  # a failed round must not end the watch: the next one may succeed
+                log.exception("topic watch: refresh failed; retrying in %.1f s", self.interval_s)

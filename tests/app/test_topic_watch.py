@@ -1,0 +1,91 @@
+"""TopicWatch: the partitioner a node routes by is detected from its partitions' counters, and kept fresh."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from iqgraph.app.topic_watch import TopicWatch
+from iqgraph.stores import PartitionStores, StateDirectory, StoreKind, StoreSpec
+from iqgraph.streaming.partitioner import EVIDENCE_COUNTERS
+
+TOPIC = "orders"
+SPECS = (StoreSpec("counts", StoreKind.KEY_VALUE, "string"),)
+
+
+@pytest.fixture
+def hosted(tmp_path: Path) -> Iterator[dict[str, dict[int, PartitionStores]]]:
+    state = StateDirectory(tmp_path / "state", "watch-app")
+    partitions = {TOPIC: {p: state.open(TOPIC, p, SPECS) for p in range(2)}}
+    yield partitions
+    for stores in partitions[TOPIC].values():
+        stores.close()
+
+
+def _apply_evidence(stores: PartitionStores, offset: int, **fields: int) -> None:
+    tx = stores.db.begin(offset, offset + 1)
+    assert tx is not None
+    for name, amount in fields.items():
+        tx.increment(EVIDENCE_COUNTERS[name], amount)
+    tx.commit()
+
+
+def _no_end_offsets(topic: str, partitions: list[int]) -> Mapping[int, int]:
+    return {}
+
+
+def test_a_detection_still_unknown_is_made_again_on_the_spot_not_one_interval_later(
+    hosted: dict[str, dict[int, PartitionStores]],
+) -> None:
+    # an interval far longer than the test: only an on-the-spot detection can see the records
+    watch = TopicWatch(hosted, _no_end_offsets, "auto", interval_s=3600)
+    watch.start()
+    try:
+        assert watch.partitioner(TOPIC) == "unknown"
+        _apply_evidence(hosted[TOPIC][0], 0, consistent_random=3, both=1)
+        assert watch.partitioner(TOPIC) == "consistent_random"
+        # once detected, the detection stays until the next refresh round (no per-read counter reads)
+        _apply_evidence(hosted[TOPIC][1], 0, murmur2=2)
+        assert watch.partitioner(TOPIC) == "consistent_random"
+        watch.refresh()
+        assert watch.partitioner(TOPIC) == "mixed"
+    finally:
+        watch.stop()
+
+
+def test_an_explicit_partitioner_wins_over_the_evidence(hosted: dict[str, dict[int, PartitionStores]]) -> None:
+    _apply_evidence(hosted[TOPIC][0], 0, consistent_random=3)
+    watch = TopicWatch(hosted, _no_end_offsets, "murmur2", interval_s=3600)
+    assert watch.partitioner(TOPIC) == "murmur2"
+
+
+def test_a_failed_refresh_round_does_not_end_the_watch(hosted: dict[str, dict[int, PartitionStores]]) -> None:
+    rounds: list[int] = []
+
+    def end_offsets(topic: str, partitions: list[int]) -> Mapping[int, int]:
+        rounds.append(len(rounds))
+        return {p: len(rounds) for p in partitions}
+
+    watch = TopicWatch(hosted, end_offsets, "auto", interval_s=0.01)
+    broken = {"calls": 0}
+    original = watch._detect
+
+    def detect_failing_thrice(topic: str) -> str:
+        broken["calls"] += 1
+        if broken["calls"] <= 3:
+            raise RuntimeError("a round that fails outside the guarded calls")
+        return original(topic)
+
+    watch._detect = detect_failing_thrice  # type: ignore[method-assign]
+    watch._thread.start()  # without start()'s first synchronous round, which would raise here
+    try:
+        deadline = 200
+        while len(rounds) < 6 and deadline:
+            deadline -= 1
+            watch._stop.wait(0.02)
+        assert len(rounds) >= 6, "the watch thread stopped after a failed round"
+        assert watch.end_offset(TOPIC, 0) is not None
+    finally:
+        watch.stop()
