@@ -52,6 +52,11 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
         help="default staleness bound: a standby may answer (when the active cannot) if at most this many records "
         "behind; a query's maxLag overrides it (default: standbys do not answer)",
     )
+    parser.add_argument(
+        "--stall-timeout-s",
+        type=int,
+        help="not ready (/readyz 503) when records wait and no batch was applied for this many seconds (default 60)",
+    )
     parser.add_argument("--group-session-timeout-ms", type=int, help="kafka membership: session timeout (10000)")
     parser.add_argument(
         "--create-topics",

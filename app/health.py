@@ -14,7 +14,7 @@ import httpx
 
 from iqgraph.app.membership import Membership, StaticMembership
 from iqgraph.app.replicas import PeerStates
-from iqgraph.schema.types import PartitionInfo
+from iqgraph.schema.wire import decode_partition
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,7 @@ class PeerHealth:
                 continue
             try:
                 body = client.get(f"{member.url}/readyz", timeout=self.timeout_s).json()
-                partitions = [
-                    PartitionInfo(p["topic"], p["partition"], p["role"], p["state"], p["appliedOffset"], p["endOffset"])
-                    for p in body.get("partitions") or []
-                ]
+                partitions = [decode_partition(p) for p in body.get("partitions") or []]
             except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
                 down.add(member.id)
                 self.states.mark_down(member.id)

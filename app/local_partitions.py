@@ -15,12 +15,13 @@ the internal fields.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from iqgraph.app.merging import combiner
-from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, Read, Request, Scan, StoreInfo
+from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, PipelineInfo, Read, Request, Scan, StoreInfo
 from iqgraph.stores import (
     Page,
     PartitionState,
@@ -84,6 +85,9 @@ class LocalPartitions:
         end_offset: EndOffset | None = None,
         state: Callable[[], str] | None = None,
         role: Callable[[str, int], str] | None = None,
+        pipeline: Callable[[], PipelineInfo | None] | None = None,
+        stall_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.app = app
         self.partitions = partitions
@@ -92,19 +96,27 @@ class LocalPartitions:
         self._end_offset = end_offset or (lambda topic, partition: None)
         self._state = state or (lambda: "RUNNING")
         self._role = role or (lambda topic, partition: "active")
+        self._pipeline = pipeline or (lambda: None)
+        self.stall_timeout_s = stall_timeout_s
+        self._clock = clock
 
     # -- what this node hosts -----------------------------------------------------------------------
 
     def node(self) -> NodeInfo:
         """Return this node with the role, state and lag of every partition it hosts."""
         infos = []
+        now = self._clock()
         for topic, hosted in sorted(self.partitions.items()):
             for p, stores in sorted(hosted.items()):
-                applied = stores.db.next_offset()
-                end = self._end_offset(topic, p)
-                role = self._role(topic, p)
-                infos.append(PartitionInfo(topic, p, role, stores.db.state.value, applied, max(end or 0, applied)))
-        return NodeInfo(self.node_id, self.url, self._state(), tuple(infos))
+                db = stores.db
+                applied = db.next_offset()
+                end = max(self._end_offset(topic, p) or 0, applied)
+                since = max(now - db.applied_at, 0.0)
+                stalled = self.stall_timeout_s is not None and end > applied and since > self.stall_timeout_s
+                infos.append(
+                    PartitionInfo(topic, p, self._role(topic, p), db.state.value, applied, end, since, stalled)
+                )
+        return NodeInfo(self.node_id, self.url, self._state(), tuple(infos), self._pipeline())
 
     def replica(self, topic: str, partition: int) -> tuple[str, int | None] | None:
         """Return the state and lag of this node's copy of topic-partition (None: not hosted)."""

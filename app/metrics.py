@@ -25,6 +25,11 @@ Metrics (all prefixed ``iqgraph_``)::
     partition_applied_offset{topic,partition}        gauge      next offset to apply
     partition_end_offset{topic,partition}            gauge      the topic's end offset
     restore_remaining_records                        gauge      records left to apply by partitions not RUNNING
+    partition_seconds_since_applied{topic,partition} gauge      seconds since the partition's last applied batch
+    partition_stalled{topic,partition}               gauge      1 when records wait and no batch came for too long
+    pipeline_up                                      gauge      1 while the streaming queries run (0: DEAD)
+    pipeline_restarts_total                          counter    restarts of dead streaming queries by the supervisor
+    pipeline_deaths_in_a_row                         gauge      deaths since the queries last ran for a while
 
 The ``peer`` label is a node id of the cluster map, or ``unknown``. Peers do not authenticate yet, so the
 forwarded header a request carries is a claim anyone can make: it names the label only when it is a
@@ -40,7 +45,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -168,6 +173,25 @@ class NodeStateCollector:
             return
         if info is not None:
             yield from partition_metrics(info)
+            yield from pipeline_metrics(info)
+
+
+def pipeline_metrics(info: NodeInfo) -> Iterator[Metric]:
+    """Yield the streaming pipeline's gauges and restart counter (nothing before the node starts it)."""
+    pipeline = info.pipeline
+    if pipeline is None:
+        return
+    yield GaugeMetricFamily(
+        "iqgraph_pipeline_up", "1 while the streaming queries run (0: DEAD)", value=int(pipeline.state == "RUNNING")
+    )
+    yield CounterMetricFamily(
+        "iqgraph_pipeline_restarts", "Restarts of dead streaming queries by the supervisor", value=pipeline.restarts
+    )
+    yield GaugeMetricFamily(
+        "iqgraph_pipeline_deaths_in_a_row",
+        "Deaths since the queries last ran for a while",
+        value=pipeline.deaths_in_a_row,
+    )
 
 
 def partition_metrics(info: NodeInfo) -> Iterator[Metric]:
@@ -182,6 +206,16 @@ def partition_metrics(info: NodeInfo) -> Iterator[Metric]:
         "iqgraph_partition_applied_offset", "Next offset to apply", labels=["topic", "partition"]
     )
     end = GaugeMetricFamily("iqgraph_partition_end_offset", "The topic's end offset", labels=["topic", "partition"])
+    since = GaugeMetricFamily(
+        "iqgraph_partition_seconds_since_applied",
+        "Seconds since the partition's last applied batch (or its opening)",
+        labels=["topic", "partition"],
+    )
+    stalled = GaugeMetricFamily(
+        "iqgraph_partition_stalled",
+        "1 when records wait and no batch was applied for longer than the stall timeout",
+        labels=["topic", "partition"],
+    )
     tally: dict[tuple[str, str], int] = {(role, s.value): 0 for role in ("active", "standby") for s in PartitionState}
     remaining = 0
     for p in info.partitions:
@@ -189,6 +223,8 @@ def partition_metrics(info: NodeInfo) -> Iterator[Metric]:
         lag.add_metric([p.topic, str(p.partition), p.role], p.lag)
         applied.add_metric([p.topic, str(p.partition)], p.applied_offset)
         end.add_metric([p.topic, str(p.partition)], p.end_offset)
+        since.add_metric([p.topic, str(p.partition)], p.seconds_since_applied)
+        stalled.add_metric([p.topic, str(p.partition)], int(p.stalled))
         if p.state != PartitionState.RUNNING.value:
             remaining += p.lag
     for (role, state), count in sorted(tally.items()):
@@ -196,7 +232,7 @@ def partition_metrics(info: NodeInfo) -> Iterator[Metric]:
     restore = GaugeMetricFamily(
         "iqgraph_restore_remaining_records", "Records left to apply by partitions not yet RUNNING", value=remaining
     )
-    yield from (counts, lag, applied, end, restore)
+    yield from (counts, lag, applied, end, since, stalled, restore)
 
 
 def tracing_extensions(enabled: bool) -> list[Callable[[], SchemaExtension]]:

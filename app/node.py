@@ -22,6 +22,7 @@ from iqgraph.app.metrics import NodeMetrics
 from iqgraph.app.peers import PeerClient
 from iqgraph.app.replicas import PeerStates
 from iqgraph.app.settings import Settings
+from iqgraph.app.supervisor import QuerySupervisor
 from iqgraph.app.topic_watch import TopicWatch
 from iqgraph.app.topics import TopicCreationError, create_topics
 from iqgraph.stores import PartitionState, StateDirectory, StoreError
@@ -69,6 +70,7 @@ class Node:
         self.membership: Membership | None = None
         self.peers: PeerClient | None = None
         self.health: PeerHealth | None = None
+        self.supervisor: QuerySupervisor | None = None
         self._hosted: dict[str, list[int]] = {}
         self.metrics = NodeMetrics(self._members, self._node_info, lambda: self.state.value)
 
@@ -151,6 +153,7 @@ class Node:
             self.stop()
             raise NodeStartError(str(exc)) from None
         runner = self.runner
+        self.supervisor = QuerySupervisor(runner)
         self.topic_watch = TopicWatch(
             runner.partitions, lambda topic, ps: runner.offsets(topic).latest(ps), self.app.kafka.partitioner
         )
@@ -163,6 +166,8 @@ class Node:
             end_offset=self.topic_watch.end_offset,
             state=lambda: self.state.value,
             role=self._role,
+            pipeline=self.supervisor.status,
+            stall_timeout_s=self.settings.stall_timeout_s,
         )
         self.peers = PeerClient(self.settings.node_id, observer=self.metrics)
         peer_states = PeerStates()
@@ -178,25 +183,13 @@ class Node:
             partitioner=self.topic_watch.partitioner,
         )
         self.membership.subscribe(self._on_new_map)
-        threading.Thread(target=self._supervise, name="query-supervisor", daemon=True).start()
         if len(self.membership.current().members) > 1 or self.settings.membership == "kafka":
             self.health = PeerHealth(self.membership, peer_states)
             self.health.start()
         self.state = NodeState.RUNNING
+        self.supervisor.start()
         if self.assignment is None:
             self._on_new_map(self.membership.current())  # a map that changed while the node started
-
-    def _supervise(self, interval: float = 2.0) -> None:
-        """Restart the streaming queries when one dies (e.g. a Python worker that failed to start)."""
-        while self.state is NodeState.RUNNING and self.runner is not None:
-            time.sleep(interval)
-            failure = self.runner.failure() if self.state is NodeState.RUNNING else None
-            if failure is not None:
-                log.warning("a streaming query died (%s); restarting the queries", str(failure).splitlines()[0][:300])
-                try:
-                    self.runner.restart()
-                except Exception:  # noqa: BLE001 - keep supervising; the next round tries again
-                    log.exception("restarting the streaming queries failed")
 
     def _membership(self) -> Membership:
         """Return the membership the settings ask for."""
@@ -278,16 +271,23 @@ class Node:
             max_records_per_batch=self.settings.max_records_per_batch,
         )
 
-    def ready(self) -> bool:
-        """Return whether every hosted partition answers queries."""
-        if self.state is not NodeState.RUNNING or self.runner is None:
+    def ready(self, info: NodeInfo | None = None) -> bool:
+        """Return whether the node answers fresh: its pipeline runs, and every partition is RUNNING, not stalled.
+
+        info: the node as ``local.node()`` just returned it (read again when not given).
+        """
+        if self.state is not NodeState.RUNNING or self.local is None:
             return False
-        hosted = [s for ps in self.runner.partitions.values() for s in ps.values()]
-        return all(s.db.state is PartitionState.RUNNING for s in hosted)
+        info = info or self.local.node()
+        if info.pipeline is not None and not info.pipeline.healthy:
+            return False
+        return all(p.state == PartitionState.RUNNING.value and not p.stalled for p in info.partitions)
 
     def stop(self) -> None:
         """Stop the streaming queries, close every store cleanly, stop Spark."""
         self.state = NodeState.STOPPING
+        if self.supervisor is not None:
+            self.supervisor.stop()  # before the queries stop on purpose
         if self.health is not None:
             self.health.stop()
         if self.topic_watch is not None:

@@ -30,7 +30,7 @@ from iqgraph.app.routing import store_key_partitions
 from iqgraph.app.settings import Settings
 from iqgraph.schema.asgi import FORWARDED_HEADER
 from iqgraph.schema.graphiql import graphiql_mount
-from iqgraph.schema.types import PartitionInfo
+from iqgraph.schema.types import PartitionInfo, PipelineInfo
 
 if TYPE_CHECKING:
     from iqgraph.streaming.definitions import App
@@ -45,13 +45,14 @@ def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Starlett
         return JSONResponse({"status": "alive", "node": node.settings.node_id})
 
     async def readyz(_: Request) -> Response:
-        ready = node.ready()
-        partitions = [] if node.local is None else node.local.node().partitions
+        info = None if node.local is None else node.local.node()
+        ready = node.ready(info)
         body = {
             "ready": ready,
             "state": node.state.value,
             "node": node.settings.node_id,
-            "partitions": [partition_json(p) for p in partitions],
+            "pipeline": None if info is None or info.pipeline is None else pipeline_json(info.pipeline),
+            "partitions": [] if info is None else [partition_json(p) for p in info.partitions],
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -122,6 +123,19 @@ def partition_json(p: PartitionInfo) -> dict[str, Any]:
         "appliedOffset": p.applied_offset,
         "endOffset": p.end_offset,
         "lag": p.lag,
+        "secondsSinceApplied": round(p.seconds_since_applied, 3),
+        "stalled": p.stalled,
+    }
+
+
+def pipeline_json(pipeline: PipelineInfo) -> dict[str, Any]:
+    """Return the node's streaming pipeline as /readyz shows it."""
+    return {
+        "state": pipeline.state,
+        "restarts": pipeline.restarts,
+        "deathsInARow": pipeline.deaths_in_a_row,
+        "keepsDying": pipeline.keeps_dying,
+        "lastError": pipeline.last_error,
     }
 
 

@@ -48,6 +48,7 @@ class Settings:
     peers: str | None = None  # id=URL,… (or URL,… named node-0, node-1, … in order); None: a single node
     standbys: int = 0
     max_lag: int | None = None  # records a standby may be behind and still answer; None: no stale reads
+    stall_timeout_s: int = 60  # not ready when records wait and no batch was applied for this long
     group_session_timeout_ms: int = 10_000  # kafka membership: Kafka refuses < 6000 by default
     tracing: bool = False  # OpenTelemetry spans per GraphQL request, if opentelemetry-sdk is installed
     create_topics: bool = False  # create missing input topics at start (production topics are provisioned)
@@ -61,7 +62,8 @@ class Settings:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise SettingsError(f"port {self.port} is out of range; use 1-65535 (--port / {ENV_PREFIX}PORT)")
-        for name in ("max_records_per_batch", "max_keys", "max_page_size", "default_page_size", "shuffle_partitions"):
+        positive = ("max_records_per_batch", "max_keys", "max_page_size", "default_page_size", "shuffle_partitions")
+        for name in (*positive, "stall_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive (--{name.replace('_', '-')})")
         if self.membership not in ("static", "kafka"):

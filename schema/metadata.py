@@ -74,6 +74,21 @@ class PartitionMetadata:
     applied_offset: Long = strawberry.field(description="The next offset to apply: everything before is in.")
     end_offset: Long = strawberry.field(description="The topic-partition's end offset, as last seen.")
     lag: Long = strawberry.field(description="How many records the stores are behind the topic.")
+    seconds_since_applied: float = strawberry.field(
+        description="Seconds since the last batch was applied to the partition (or since it opened)."
+    )
+    stalled: bool = strawberry.field(
+        description="Records wait and no batch was applied for longer than the node's stall timeout."
+    )
+
+
+@strawberry.type(description="The streaming queries that keep a node's stores.")
+class PipelineMetadata:
+    state: str = strawberry.field(description="RUNNING, or DEAD: a query died and restarts after a backoff.")
+    restarts: int = strawberry.field(description="How many times the supervisor restarted the queries.")
+    deaths_in_a_row: int = strawberry.field(description="Deaths since the queries last ran for a while.")
+    keeps_dying: bool = strawberry.field(description="Died so many times in a row that the node is not ready.")
+    last_error: str | None = strawberry.field(description="The first line of the last death's error.")
 
 
 @strawberry.type(description="A node of the cluster: one process serving this API.")
@@ -82,6 +97,9 @@ class NodeMetadata:
     url: str
     state: str = strawberry.field(description="STARTING, RUNNING or STOPPING.")
     partitions: list[PartitionMetadata] = strawberry.field(description="The partitions the node hosts.")
+    pipeline: PipelineMetadata | None = strawberry.field(
+        description="How its streaming queries are doing; null when not known (a node down or starting)."
+    )
 
 
 @strawberry.type(description="Where a key lives (Kafka Streams' KeyQueryMetadata).")
@@ -130,7 +148,22 @@ def store_metadata(
 
 def node_metadata(node: NodeInfo) -> NodeMetadata:
     """Return the metadata of a node."""
-    return NodeMetadata(id=node.id, url=node.url, state=node.state, partitions=[_partition(p) for p in node.partitions])
+    pipeline = node.pipeline
+    return NodeMetadata(
+        id=node.id,
+        url=node.url,
+        state=node.state,
+        partitions=[_partition(p) for p in node.partitions],
+        pipeline=None
+        if pipeline is None
+        else PipelineMetadata(
+            state=pipeline.state,
+            restarts=pipeline.restarts,
+            deaths_in_a_row=pipeline.deaths_in_a_row,
+            keeps_dying=pipeline.keeps_dying,
+            last_error=pipeline.last_error,
+        ),
+    )
 
 
 def _partition(p: PartitionInfo) -> PartitionMetadata:
@@ -142,6 +175,8 @@ def _partition(p: PartitionInfo) -> PartitionMetadata:
         applied_offset=Long(p.applied_offset),
         end_offset=Long(p.end_offset),
         lag=Long(p.lag),
+        seconds_since_applied=p.seconds_since_applied,
+        stalled=p.stalled,
     )
 
 

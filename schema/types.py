@@ -50,11 +50,29 @@ class PartitionInfo:
     state: str  # CREATED | RESTORING | RUNNING | CLOSED
     applied_offset: int
     end_offset: int
+    seconds_since_applied: float = 0.0  # since the last batch was applied (or the partition opened)
+    stalled: bool = False  # records wait and no batch was applied for longer than the node's stall timeout
 
     @property
     def lag(self) -> int:
         """Return how many records the partition's stores are behind the topic."""
         return max(self.end_offset - self.applied_offset, 0)
+
+
+@dataclass(frozen=True)
+class PipelineInfo:
+    """How a node's streaming queries are doing (app.supervisor keeps it)."""
+
+    state: str  # RUNNING | DEAD (a query died; restarting after a backoff)
+    restarts: int = 0
+    deaths_in_a_row: int = 0
+    last_error: str | None = None
+    keeps_dying: bool = False  # died so many times in a row that the node is not ready
+
+    @property
+    def healthy(self) -> bool:
+        """Return whether the pipeline runs and is not dying again and again."""
+        return self.state == "RUNNING" and not self.keeps_dying
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,7 @@ class NodeInfo:
     url: str
     state: str  # STARTING | RUNNING | STOPPING
     partitions: tuple[PartitionInfo, ...] = ()
+    pipeline: PipelineInfo | None = None  # None: not known (a peer that is down, a node still starting)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iqgraph.schema.errors import INTERNAL, ApiError, api_error
-from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, Read
+from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, PipelineInfo, Read
 from iqgraph.stores import Page, WindowedValue
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,11 @@ SCAN = """query($store: String!, $scan: JSON!, $positions: JSON!, $first: Int!, 
   _scan(store: $store, scan: $scan, positions: $positions, first: $first, partitions: $partitions) }"""
 COUNT = """query($store: String!, $partitions: [Int!]!, $exact: Boolean!) {
   _count(store: $store, partitions: $partitions, exact: $exact) }"""
-NODE = """{ node { id url state partitions { topic partition role state appliedOffset endOffset } } }"""
+NODE = (
+    "{ node { id url state"
+    " partitions { topic partition role state appliedOffset endOffset secondsSinceApplied stalled }"
+    " pipeline { state restarts deathsInARow keepsDying lastError } } }"
+)
 
 
 def encode_reads(reads: Sequence[Read]) -> list[list[Any]]:
@@ -163,10 +167,36 @@ def decode_count(data: Mapping[str, Any]) -> Answer[dict[int, Any]]:
     return Answer(counts, *_read_marks(data))
 
 
+def decode_partition(p: Mapping[str, Any]) -> PartitionInfo:
+    """Return one partition of a peer's node metadata (or of its /readyz body: the same names)."""
+    return PartitionInfo(
+        p["topic"],
+        p["partition"],
+        p["role"],
+        p["state"],
+        p["appliedOffset"],
+        p["endOffset"],
+        p.get("secondsSinceApplied") or 0.0,
+        bool(p.get("stalled")),
+    )
+
+
 def decode_node(data: Mapping[str, Any]) -> NodeInfo:
     """Return a peer's node metadata (the NODE query's answer)."""
-    partitions = tuple(
-        PartitionInfo(p["topic"], p["partition"], p["role"], p["state"], p["appliedOffset"], p["endOffset"])
-        for p in data.get("partitions") or []
+    partitions = tuple(decode_partition(p) for p in data.get("partitions") or [])
+    pipeline = data.get("pipeline")
+    return NodeInfo(
+        data["id"],
+        data["url"],
+        data["state"],
+        partitions,
+        None
+        if not pipeline
+        else PipelineInfo(
+            pipeline["state"],
+            pipeline["restarts"],
+            pipeline["deathsInARow"],
+            pipeline["lastError"],
+            pipeline["keepsDying"],
+        ),
     )
-    return NodeInfo(data["id"], data["url"], data["state"], partitions)

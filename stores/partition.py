@@ -16,6 +16,7 @@ import enum
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -92,6 +93,8 @@ class PartitionDB:
         self._handles: dict[str, ColumnFamily] = {}
         self._write_lock = threading.Lock()
         self.state = PartitionState.CREATED
+        #: Wall-clock time (time.time()) of the last batch written, or of the opening: how fresh the data is.
+        self.applied_at = time.time()
         try:
             self._count_uncounted_stores()
         except BaseException:
@@ -214,6 +217,7 @@ class PartitionDB:
             if self.next_offset() != start_offset:
                 raise OffsetError(f"{self.topic}-{self.partition}: another batch was applied since this one began")
             self.rdict.write(batch)
+            self.applied_at = time.time()
 
     def close(self) -> None:
         """Close the database, dropping every handle so that the directory can be reopened."""

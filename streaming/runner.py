@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 Assignment = Mapping[str, Iterable[int]]
 
 
+class QueryStoppedError(RuntimeError):
+    """A streaming query is no longer active though nobody stopped it."""
+
+
 @dataclass(frozen=True)
 class RunnerSettings:
     """How the streaming queries run."""
@@ -232,8 +236,19 @@ class StreamRunner:
                 raise error
 
     def failure(self) -> BaseException | None:
-        """Return the exception of a query that died, if one did."""
-        return next((e for e in (q.exception() for q in self._queries) if e is not None), None)
+        """Return why a query died, if one did: its exception, or QueryStoppedError if it stopped unasked."""
+        with self._lock:  # not while a reassignment stops and starts the queries on purpose
+            for query in self._queries:
+                error = query.exception()
+                if error is not None:
+                    return error
+                if not query.isActive:
+                    return QueryStoppedError(f"streaming query {query.name} stopped without being asked to")
+        return None
+
+    def last_applied(self) -> float:
+        """Return the wall-clock time of the last batch applied to any open partition (0 if none is open)."""
+        return max((s.db.applied_at for ps in list(self.partitions.values()) for s in list(ps.values())), default=0.0)
 
     def restart(self) -> None:
         """Restart every query over the partitions open now (after a query died)."""

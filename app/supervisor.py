@@ -1,0 +1,155 @@
+"""The query supervisor: a streaming query that dies is restarted, with exponential backoff, and reported.
+
+A query dies when a micro-batch fails (an executor that cannot import the user's module, a worker lost in
+local mode, a transform that raises) or when it stops without being asked to. The supervisor checks the
+runner every ``interval_s``; on a death it waits ``backoff(n)`` — 1 s, 2 s, 4 s, … up to ``max_backoff_s`` for
+the n-th death in a row — then restarts every query over the partitions open now (their stores keep their
+offsets: nothing is lost or applied twice). A restarted query that applies a batch, or stays up for
+``healthy_after_s`` with nothing to apply, resets the count.
+
+``status()`` is what /readyz, the node metadata and the metrics show: the pipeline's state (RUNNING, or
+DEAD between a death and its restart), restarts so far, deaths in a row and the last error. A pipeline
+that is DEAD, or that died ``keeps_dying_after`` times in a row, makes the node not ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from iqgraph.schema.types import PipelineInfo
+
+log = logging.getLogger(__name__)
+
+
+class Supervised(Protocol):
+    """What the supervisor watches and restarts: the node's StreamRunner."""
+
+    def failure(self) -> BaseException | None:
+        """Return why a query died, or None while every query runs."""
+
+    def restart(self) -> None:
+        """Restart every query over the partitions open now."""
+
+    def last_applied(self) -> float:
+        """Return the wall-clock time (time.time()) of the last batch applied to any partition."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The wait before the n-th restart in a row: first_s × 2^(n-1), at most max_s."""
+
+    first_s: float = 1.0
+    max_s: float = 60.0
+
+    def __call__(self, n: int) -> float:
+        return min(self.first_s * 2 ** max(n - 1, 0), self.max_s)
+
+
+class QuerySupervisor:
+    """Watch a runner's streaming queries in a thread; restart the dead ones with backoff."""
+
+    def __init__(
+        self,
+        runner: Supervised,
+        interval_s: float = 1.0,
+        backoff: Backoff | None = None,
+        healthy_after_s: float = 30.0,
+        keeps_dying_after: int = 3,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.runner = runner
+        self.interval_s = interval_s
+        self.backoff = backoff or Backoff()
+        self.healthy_after_s = healthy_after_s
+        self.keeps_dying_after = keeps_dying_after
+        self.clock = clock
+        self._restarts = 0
+        self._in_a_row = 0
+        self._last_error: str | None = None
+        self._dead_since: float | None = None
+        self._restarted_at: float | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="query-supervisor", daemon=True)
+
+    def start(self) -> None:
+        """Start supervising in a background thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop supervising (before the runner stops its queries on purpose)."""
+        self._stop.set()
+
+    def status(self) -> PipelineInfo:
+        """Return the pipeline's state as /readyz, the metadata and the metrics show it."""
+        with self._lock:
+            return PipelineInfo(
+                "DEAD" if self._dead_since is not None else "RUNNING",
+                self._restarts,
+                self._in_a_row,
+                self._last_error,
+                self._in_a_row >= self.keeps_dying_after,
+            )
+
+    def check(self) -> None:
+        """Look at the queries once: note a death, restart when its backoff is over, forgive a long run."""
+        now = self.clock()
+        with self._lock:
+            dead = self._dead_since is not None
+        if not dead:
+            failure = self.runner.failure()
+            if failure is None:
+                self._forgive(now)
+                return
+            self._died(failure, now)
+        with self._lock:
+            due = self._dead_since is not None and now - self._dead_since >= self.backoff(self._in_a_row)
+        if due:
+            self._restart(now)
+
+    def _died(self, failure: BaseException, now: float) -> None:
+        first_line = (str(failure).strip().splitlines() or [type(failure).__name__])[0][:300]
+        with self._lock:
+            self._in_a_row += 1
+            self._dead_since = now
+            self._restarted_at = None
+            self._last_error = first_line
+            wait = self.backoff(self._in_a_row)
+        log.warning(
+            "a streaming query died (%s); restarting in %.0f s (death %d in a row)", first_line, wait, self._in_a_row
+        )
+
+    def _restart(self, now: float) -> None:
+        try:
+            self.runner.restart()
+        except Exception as exc:  # noqa: BLE001 - a restart that fails counts as one more death
+            log.exception("restarting the streaming queries failed")
+            self._died(exc, now)
+            return
+        with self._lock:
+            self._restarts += 1
+            self._dead_since = None
+            self._restarted_at = now
+        log.warning("streaming queries restarted (restart %d)", self._restarts)
+
+    def _forgive(self, now: float) -> None:
+        with self._lock:
+            restarted = self._restarted_at
+        if restarted is None:
+            return
+        if now - restarted >= self.healthy_after_s or self.runner.last_applied() > restarted:
+            with self._lock:
+                self._in_a_row = 0
+                self._restarted_at = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the supervisor itself must outlive any one round
+                log.exception("query supervisor: a round failed")
