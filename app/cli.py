@@ -40,6 +40,12 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advertised-url", help="the URL clients and peers reach this node at")
     parser.add_argument("--spark-master", help="Spark master (default local[*])")
     parser.add_argument("--driver-memory", help="Spark driver memory (default 1g)")
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a Spark setting for the node's session, e.g. spark.executor.memory=2g (repeat for more)",
+    )
     parser.add_argument("--max-records-per-batch", type=int, help="records per micro-batch at most")
     parser.add_argument("--max-keys", type=int, help="keys per getMany at most (default 1000)")
     parser.add_argument("--max-page-size", type=int, help="page size at most (default 1000)")
@@ -111,8 +117,22 @@ def _dev_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: Ctrl-C)")
 
 
+def _key_values(flag: str, given: list[str] | None) -> dict[str, str] | None:
+    """Return KEY=VALUE flags as a mapping; raise SettingsError naming the one without '='."""
+    if not given:
+        return None
+    found = {}
+    for item in given:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(f"{flag} wants KEY=VALUE (e.g. {flag} spark.executor.memory=2g), got {item!r}")
+        found[key.strip()] = value
+    return found
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
+    flags["spark_conf"] = _key_values("--spark-conf", flags.get("spark_conf"))
     settings = load_settings(flags, config=args.config)
     if not settings.app:
         raise SettingsError("no app to run: pass --app package.module:attribute (or set IQGRAPH_APP)")

@@ -247,7 +247,11 @@ class Node:
                     progress(f"all {len(partitions)} partitions are queryable")
                     return
                 lag = sum(p.lag for p in restoring)
-                progress(f"restoring {len(restoring)} of {len(partitions)} partitions: {lag:,} records to apply")
+                line = f"restoring {len(restoring)} of {len(partitions)} partitions: {lag:,} records to apply"
+                pipeline = self.supervisor.status() if self.supervisor is not None else None
+                if pipeline is not None and pipeline.deaths_in_a_row:
+                    line += f"; the streaming query died {pipeline.deaths_in_a_row}× in a row: {pipeline.last_error}"
+                progress(line)
                 time.sleep(interval)
 
         thread = threading.Thread(target=watch, name="restore-progress", daemon=True)
@@ -255,14 +259,18 @@ class Node:
         return thread
 
     def _spark(self) -> SparkSession:
-        from iqgraph.streaming.session import build_spark_session
+        from iqgraph.streaming.session import build_spark_session, ship_module
 
-        return build_spark_session(
+        spark = build_spark_session(
             self.settings.spark_master,
             shuffle_partitions=self.settings.shuffle_partitions,
             driver_memory=self.settings.driver_memory,
             app_name=f"iqgraph-{self.app.name}-{self.settings.node_id}",
+            extra_conf=self.settings.spark_conf,
         )
+        if not self.settings.spark_master.startswith("local") and self.settings.app:
+            ship_module(spark, self.settings.app.partition(":")[0])  # the user's functions, for the executors
+        return spark
 
     def _runner_settings(self) -> RunnerSettings:
         return RunnerSettings(

@@ -17,6 +17,10 @@ from typing import Any
 
 ENV_PREFIX = "IQGRAPH_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
+#: Settings that are tables of another system's settings; each source adds to (or overrides keys of) the last.
+#: From the environment: IQGRAPH_KAFKA_SOCKET_TIMEOUT_MS=… is kafka's socket.timeout.ms,
+#: IQGRAPH_SPARK_CONF_SPARK_EXECUTOR_MEMORY=… is spark_conf's spark.executor.memory (lower-case keys only).
+MAPPINGS = {"kafka": "librdkafka settings", "spark_conf": "Spark settings"}
 
 
 class SettingsError(ValueError):
@@ -53,6 +57,7 @@ class Settings:
     tracing: bool = False  # OpenTelemetry spans per GraphQL request, if opentelemetry-sdk is installed
     create_topics: bool = False  # create missing input topics at start (production topics are provisioned)
     kafka: Mapping[str, str] = field(default_factory=dict)
+    spark_conf: Mapping[str, str] = field(default_factory=dict)  # passed to the SparkSession (--spark-conf K=V)
 
     @property
     def url(self) -> str:
@@ -90,9 +95,9 @@ def _convert(name: str, raw: Any, kind: Any) -> Any:
         return str(raw).lower() in ("1", "true", "yes")
     if kind in (Path, "Path"):
         return Path(str(raw))
-    if name == "kafka":
+    if name in MAPPINGS:
         if not isinstance(raw, Mapping):
-            raise SettingsError("kafka must be a table of librdkafka settings, e.g. [iqgraph.kafka]")
+            raise SettingsError(f"{name} must be a table of {MAPPINGS[name]}, e.g. [iqgraph.{name}]")
         return {str(k): str(v) for k, v in raw.items()}
     return None if raw is None else str(raw)
 
@@ -116,8 +121,9 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     for key, value in env.items():
         if key.startswith(ENV_PREFIX) and key != CONFIG_ENV:
             name = key[len(ENV_PREFIX) :].lower()
-            if name.startswith("kafka_"):
-                values.setdefault("kafka", {})[name[len("kafka_") :].replace("_", ".")] = value
+            table = next((t for t in MAPPINGS if name.startswith(f"{t}_")), None)
+            if table is not None:
+                values.setdefault(table, {})[name[len(table) + 1 :].replace("_", ".")] = value
             elif name in known:
                 values[name] = value
     return values
@@ -129,8 +135,12 @@ def load_settings(
     """Return settings from flags (None = not given), environment and config file, validated."""
     env = os.environ if env is None else env
     config = config or (Path(env[CONFIG_ENV]) if env.get(CONFIG_ENV) else None)
-    merged: dict[str, Any] = {**_from_file(config), **_from_env(env)}
-    merged |= {k: v for k, v in flags.items() if v is not None}
+    merged: dict[str, Any] = {}
+    for source in (_from_file(config), _from_env(env), {k: v for k, v in flags.items() if v is not None}):
+        for name, value in source.items():
+            if name in MAPPINGS and isinstance(value, Mapping) and isinstance(merged.get(name), Mapping):
+                value = {**merged[name], **value}
+            merged[name] = value
     kinds = {f.name: f.type for f in fields(Settings)}
     unknown = sorted(set(merged) - set(kinds))
     if unknown:

@@ -15,6 +15,7 @@ that is DEAD, or that died ``keeps_dying_after`` times in a row, makes the node 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,24 @@ from typing import Protocol
 from iqgraph.schema.types import PipelineInfo
 
 log = logging.getLogger(__name__)
+
+
+#: "SomeError: message", as Python prints an exception's last line (Java frames and wrappers are not).
+_PYTHON_ERROR = re.compile(r"^(?!org\.|java\.|py4j\.|scala\.)([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+
+
+def error_summary(failure: BaseException) -> str:
+    """Return the line that says why a query died: the first Python "SomeError: message" in its text.
+
+    A query's exception wraps the real one in Spark's and Py4J's text (a Python worker's traceback inside
+    a Java stack trace); the first Python error line names the cause (e.g. ``ModuleNotFoundError: No module
+    named 'myapp'``). Without one, the text's first line.
+    """
+    text = str(failure).strip()
+    for line in text.splitlines():
+        if _PYTHON_ERROR.match(line.strip()):
+            return line.strip()[:300]
+    return (text.splitlines() or [type(failure).__name__])[0][:300]
 
 
 class Supervised(Protocol):
@@ -113,7 +132,7 @@ class QuerySupervisor:
             self._restart(now)
 
     def _died(self, failure: BaseException, now: float) -> None:
-        first_line = (str(failure).strip().splitlines() or [type(failure).__name__])[0][:300]
+        first_line = error_summary(failure)
         with self._lock:
             self._in_a_row += 1
             self._dead_since = now

@@ -3,19 +3,29 @@
 Local settings suit a small machine: few shuffle partitions, no UI, no console progress bar, Arrow on, UTC
 session time zone, loopback driver address, and Spark's own logging turned down to warnings. Python workers
 run the interpreter that builds the session, so the Python Data Source and the sinks import this project.
+
+On a cluster (any master but ``local``), executors import what the driver pickles by reference — a user's
+transform that calls a plain function of the user's module needs that module on every executor. ``ship_module``
+adds the user's top-level package (zipped) or module file to the session (``SparkContext.addPyFile``) unless
+it is installed (site-packages) or is iqgraph itself: those must be installed on the workers.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
+import shutil
 import sys
+import sysconfig
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-__all__ = ["build_spark_session"]
+__all__ = ["build_spark_session", "ship_module"]
+log = logging.getLogger(__name__)
 
 # Warnings and errors to stderr, one line each; silence the start-up notices Spark logs at WARN.
 _LOG4J2 = """\
@@ -86,3 +96,26 @@ def _log4j2_file() -> Path:
         partial.write_text(_LOG4J2)
         partial.replace(path)  # atomic: several nodes may start at once
     return path
+
+
+def ship_module(spark: SparkSession, module_name: str) -> Path | None:
+    """Ship the top-level package (or module) of module_name to the executors; return what was shipped.
+
+    Nothing is shipped for iqgraph itself or for what is installed (site-packages, the standard library).
+    """
+    top = module_name.split(".")[0]
+    spec = importlib.util.find_spec(top)
+    if top == "iqgraph" or spec is None or spec.origin in (None, "built-in", "frozen"):
+        return None
+    locations = list(spec.submodule_search_locations or [])
+    source = Path(locations[0] if locations else str(spec.origin)).resolve()
+    installed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib", "stdlib")}
+    if any(source.is_relative_to(root) for root in installed):
+        return None
+    shipped = source
+    if locations:  # a package: ship it zipped, the package directory at the archive's root
+        target = Path(tempfile.mkdtemp(prefix="iqgraph-ship-")) / top
+        shipped = Path(shutil.make_archive(str(target), "zip", root_dir=source.parent, base_dir=source.name))
+    spark.sparkContext.addPyFile(str(shipped))
+    log.info("shipped %s to the executors (module %s)", shipped, module_name)
+    return shipped

@@ -65,6 +65,10 @@ def test_bad_settings_say_what_to_fix(tmp_path: Path) -> None:
     assert_one_line_error(iqgraph("serve", "--app", "iqgraph.examples.shop:app", "--config", str(config)), "port")
     env = {"IQGRAPH_MAX_KEYS": "-3"}
     assert_one_line_error(iqgraph("serve", "--app", "iqgraph.examples.shop:app", env=env), "max_keys")
+    spark_conf = iqgraph("serve", "--app", "iqgraph.examples.shop:app", "--spark-conf", "spark.executor.memory")
+    assert_one_line_error(spark_conf, "--spark-conf wants KEY=VALUE", "'spark.executor.memory'")
+    stall = iqgraph("serve", "--app", "iqgraph.examples.shop:app", "--stall-timeout-s", "0")
+    assert_one_line_error(stall, "stall_timeout_s must be positive")
 
 
 def test_an_unreachable_broker_is_one_clear_line(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from iqgraph.app.supervisor import Backoff, QuerySupervisor
+from iqgraph.app.supervisor import Backoff, QuerySupervisor, error_summary
 
 
 class Runner:
@@ -131,3 +131,16 @@ def test_a_restarted_query_that_applies_a_batch_is_forgiven_at_once() -> None:
     clock.now += 0.1
     supervisor.check()
     assert supervisor.status().deaths_in_a_row == 0 and supervisor.status().healthy
+
+
+def test_the_reported_error_is_the_python_cause_inside_sparks_wrapping() -> None:
+    wrapped = RuntimeError(
+        "An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):\n"
+        '  File "sink.py", line 9, in __call__\n'
+        "py4j.protocol.Py4JJavaError: An error occurred while calling o81.toArrow.\n"
+        "org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 failed\n"
+        "ModuleNotFoundError: No module named 'clusterapp'\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1097)\n"
+    )
+    assert error_summary(wrapped) == "ModuleNotFoundError: No module named 'clusterapp'"
+    assert error_summary(RuntimeError("stopped\nmore")) == "stopped"

@@ -1,0 +1,35 @@
+"""Node settings: tables of another system's settings (kafka, spark_conf) add up over file, environment, flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from iqgraph.app.settings import SettingsError, load_settings
+
+
+def test_spark_conf_adds_up_over_file_environment_and_flags_the_flag_winning(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text(
+        '[iqgraph]\nspark_master = "spark://10.0.0.5:7077"\n'
+        '[iqgraph.spark_conf]\n"spark.driver.host" = "10.0.0.1"\n"spark.executor.memory" = "1g"\n'
+    )
+    env = {"IQGRAPH_SPARK_CONF_SPARK_CORES_MAX": "2", "IQGRAPH_KAFKA_SOCKET_TIMEOUT_MS": "5000"}
+    settings = load_settings({"spark_conf": {"spark.executor.memory": "2g"}}, env=env, config=config)
+    assert settings.spark_master == "spark://10.0.0.5:7077"
+    assert settings.spark_conf == {
+        "spark.driver.host": "10.0.0.1",
+        "spark.executor.memory": "2g",
+        "spark.cores.max": "2",
+    }
+    assert settings.kafka == {"socket.timeout.ms": "5000"}
+
+
+def test_a_spark_conf_that_is_not_a_table_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text('[iqgraph]\nspark_conf = "spark.executor.memory=2g"\n')
+    with pytest.raises(
+        SettingsError, match=r"spark_conf must be a table of Spark settings, e.g. \[iqgraph.spark_conf\]"
+    ):
+        load_settings({}, env={}, config=config)
