@@ -17,7 +17,8 @@ One run, five steps, all on this machine:
 CPU seconds of the node (this process, the Spark JVM and its Python workers) and of the broker are reported
 for the ingest and latency steps: on a shared machine they move less than wall time does.
 
-Targets (printed, not asserted): ≥ 100,000 events/s, ≥ 0.3 of the raw consume rate, p50 ≤ 500 ms.
+Targets (printed, not asserted; the ingest-speed issue): steady ingest ≥ 0.5 of the raw consume rate,
+produce → visible p50 ≤ 500 ms and p99 ≤ 1 s at light load.
 
 Usage: ``make bench-ingest`` or ``.venv/bin/python bench/ingest.py [--events N] [--max-records-per-batch M]``.
 Run it from the repository root: Spark's Python workers import ``streaming`` from the working directory.
@@ -60,8 +61,9 @@ PARTITIONS = 6
 SEED = 11
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 TARGET_EVENTS_PER_S = 100_000
-TARGET_RAW_RATIO = 0.3
+TARGET_RAW_RATIO = 0.5
 TARGET_P50_MS = 500.0
+TARGET_P99_MS = 1000.0
 #: Parts of a micro-batch's triggerExecution in the query's progress (addBatch holds our sink).
 DURATIONS = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets")
 #: Fetch settings under which Tansu serves a consumer several times faster than librdkafka's defaults do.
@@ -387,7 +389,12 @@ def summary(args: argparse.Namespace, kafka: dict[str, float], run: Ingest, ligh
         "ingest_cpu_s": run.cpu,
         **light.summary(),
         "batches": [b.summary() for b in run.batches],
-        "targets": {"events_per_s": TARGET_EVENTS_PER_S, "ratio_raw": TARGET_RAW_RATIO, "p50_ms": TARGET_P50_MS},
+        "targets": {
+            "events_per_s": TARGET_EVENTS_PER_S,
+            "ratio_raw": TARGET_RAW_RATIO,
+            "p50_ms": TARGET_P50_MS,
+            "p99_ms": TARGET_P99_MS,
+        },
         "machine": {**machine(), "load_1min_at_start": args.load_at_start},
         "seconds": round(time.perf_counter() - args.started, 1),
     }
@@ -418,7 +425,8 @@ def report(figures: dict[str, Any], producers: int) -> None:
     print(f"target ≥ {TARGET_RAW_RATIO}; CPU s {f['ingest_cpu_s']}")
     print(
         f"visible      p50 {_fmt(p50, ',.0f')} ms, p99 {_fmt(f['latency_p99_ms'], ',.0f')} ms "
-        f"({f['latency_samples']} orders at {f['latency_rate_per_s']:g}/s), target p50 ≤ {TARGET_P50_MS:.0f} ms; "
+        f"({f['latency_samples']} orders at {f['latency_rate_per_s']:g}/s), "
+        f"target p50 ≤ {TARGET_P50_MS:.0f} ms, p99 ≤ {TARGET_P99_MS:.0f} ms; "
         f"CPU s {f['latency_cpu_s']}"
     )
     print(f"             batches under light load (medians): {f['latency_batches']}")

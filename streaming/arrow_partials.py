@@ -1,7 +1,9 @@
 """Partial aggregates of one Spark task's records, with pyarrow: the function Spark's mapInArrow runs.
 
-Input rows (``NARROW_SCHEMA``), one per record per store, plus one per record with no store that
-carries the record's offset and, for a bad record, its error and raw bytes. Output rows
+Input rows (``NARROW_SCHEMA``): one per record with no store, carrying the record's offset and, for a bad
+record, its error and raw bytes — and, in extra columns of the same row, the key and value of every store
+without a transform (``StorePlan.wide``, read back by ``wide_view``); plus one row per record per store
+with a transform (``store`` set). Output rows
 (``PARTIALS_SCHEMA``), told apart by ``kind``:
 
 - ``p``: a partial aggregate per (store, partition, key[, window start]); ``partial`` is a JSON array
@@ -58,6 +60,9 @@ class StorePlan:
     number: str | None = None  # "inum" or "fnum": the column holding the aggregated number
     window: tuple[int, int, int] | None = None  # size, advance, grace (ms)
     stream_times: Mapping[int, int] = field(default_factory=dict)
+    #: Where the wide rows hold this store's key and value: (i, kind) for columns _k<i> and _v<i> (kind: the
+    #: NARROW_SCHEMA column the value stands for — inum, fnum or payload; None: no value). None: narrow rows.
+    wide: tuple[int, str | None] | None = None
 
 
 @dataclass
@@ -108,12 +113,28 @@ def partials_of(batches: Iterator[pa.RecordBatch], plans: Sequence[StorePlan]) -
     table = pa.Table.from_batches(collected)
     rows = _Rows()
     store = table["store"]
-    _batch_rows(table.filter(pc.is_null(store)), rows)
+    records = table.filter(pc.is_null(store))
+    _batch_rows(records, rows)
+    good = records.filter(pc.is_null(records["error"]))
     for plan in plans:
-        part = table.filter(pc.equal(store, plan.name))
+        part = wide_view(good, plan) if plan.wide is not None else table.filter(pc.equal(store, plan.name))
         if part.num_rows:
             _store_rows(part, plan, rows)
     yield rows.batch()
+
+
+def wide_view(good: pa.Table, plan: StorePlan) -> pa.Table:
+    """Return one store's rows as NARROW_SCHEMA reads them, from the wide rows of the good records."""
+    assert plan.wide is not None  # noqa: S101 - called for wide plans only
+    index, kind = plan.wide
+    key = good[f"_k{index}"]
+    columns = {name: good[name] for name in ("partition", "offset", "event_ms")}
+    columns["key"] = key
+    if kind is not None:
+        columns[kind] = good[f"_v{index}"]
+    columns["error"] = pc.if_else(pc.is_null(key), pa.scalar("null key"), pa.scalar(None, pa.string()))
+    columns["raw_key"], columns["raw_value"] = good["raw_key"], good["raw_value"]
+    return pa.table(columns)
 
 
 def _batch_rows(table: pa.Table, rows: _Rows) -> None:

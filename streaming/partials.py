@@ -1,9 +1,15 @@
-"""The Spark side of a batch's partial aggregates: narrow per-store rows, then pyarrow in each task.
+"""The Spark side of a batch's partial aggregates: one wide row per record, then pyarrow in each task.
 
-For each store, its records (after its transformation) are projected to ``NARROW_SCHEMA``; all stores'
-projections and one row per record for offsets and bad records are unioned, coalesced into a few tasks
-(no shuffle: each Kafka partition's records of a store stay whole and in order) and aggregated by
-``streaming.arrow_partials.partials_of`` through mapInArrow. The driver gets one small Arrow table.
+ONE projection carries every record once (``NARROW_SCHEMA`` with no store: its offset and, for a bad
+record, its error and raw bytes) plus, for every store WITHOUT a transform, that store's key and value as
+columns of the same row (``_k<i>``, ``_v<i>``; ``arrow_partials.wide_view`` reads them back per store). A
+store WITH a transform may filter, add or change rows, so its records are projected on their own to
+``NARROW_SCHEMA`` rows (``store`` set) and unioned by name with the wide rows. The union is coalesced into a
+few tasks (no shuffle: each Kafka partition's records of a store stay whole and in order) and aggregated
+by ``streaming.arrow_partials.partials_of`` through mapInArrow. The driver gets one small Arrow table.
+
+One wide row instead of one narrow row per store moves a batch's records from the JVM to Python once, not
+once per store (the shop example's 10 stores: 20k rows instead of 220k per 20k-record batch).
 """
 
 from __future__ import annotations
@@ -33,10 +39,12 @@ def _narrow(
     inum: Column | None = None,
     fnum: Column | None = None,
     payload: Column | None = None,
+    wide: Sequence[Column] = (),
 ) -> DataFrame:
     inum, fnum, payload = (F.lit(None) if c is None else c for c in (inum, fnum, payload))
     failed = error.isNotNull()
     return frame.select(
+        *wide,
         F.lit(store).cast("string").alias("store"),
         F.col("_partition").cast("int").alias("partition"),
         F.col("_offset").cast("long").alias("offset"),
@@ -64,32 +72,58 @@ def store_frame(good: DataFrame, store: StoreDefinition) -> DataFrame:
     return frame.withColumn("_skey", F.col(store.key or "_key"))
 
 
-def _store_narrow(good: DataFrame, store: StoreDefinition) -> tuple[DataFrame, str | None]:
-    frame = store_frame(good, store)
-    key, agg = F.col("_skey"), store.aggregate
-    error = F.when(key.isNull(), F.lit("null key"))
+#: The Spark type of each kind of value column a store aggregates (None: count and bloom need none).
+_VALUE_TYPES = {"inum": "long", "fnum": "double", "payload": "string"}
+
+
+def _store_value(frame: DataFrame, store: StoreDefinition) -> tuple[Column | None, str | None]:
+    """Return the column a store aggregates and its kind ("inum", "fnum", "payload"; None: none needed)."""
+    agg = store.aggregate
     if store.kind is StoreKind.BLOOM or agg.kind == "count":
-        return _narrow(frame, store.name, key, error), None
+        return None, None
     if agg.kind == "latest":
         columns = agg.columns or tuple(c for c in frame.columns if not c.startswith("_"))
-        return _narrow(frame, store.name, key, error, payload=F.to_json(F.struct(*columns))), None
+        return F.to_json(F.struct(*columns)), "payload"
     column = str(agg.column)
     if column not in frame.columns:
         raise DefinitionError(f"store {store.name!r} aggregates column {column!r}, which its records lack")
     data_type = frame.schema[column].dataType
     if not isinstance(data_type, NumericType):
         raise DefinitionError(f"store {store.name!r}: {agg.kind} needs a numeric column; {column!r} is {data_type}")
-    if isinstance(data_type, IntegralType):
-        return _narrow(frame, store.name, key, error, inum=F.col(column)), "inum"
-    return _narrow(frame, store.name, key, error, fnum=F.col(column)), "fnum"
+    return F.col(column), "inum" if isinstance(data_type, IntegralType) else "fnum"
 
 
-def _plan(store: StoreDefinition, number: str | None, stream_times: Mapping[int, int]) -> StorePlan:
+def _store_narrow(good: DataFrame, store: StoreDefinition) -> tuple[DataFrame, str | None]:
+    frame = store_frame(good, store)
+    key = F.col("_skey")
+    value, kind = _store_value(frame, store)
+    inum, fnum, payload = (value if kind == name else None for name in ("inum", "fnum", "payload"))
+    error = F.when(key.isNull(), F.lit("null key"))
+    return _narrow(frame, store.name, key, error, inum, fnum, payload), _number(kind)
+
+
+def _store_wide(decoded: DataFrame, store: StoreDefinition, index: int) -> tuple[list[Column], str | None]:
+    """Return a store's key and value as columns of the wide row (``_k<index>``, ``_v<index>``), and its kind."""
+    frame = store_frame(decoded, store)  # checks the key column; a store without a transform adds only _skey
+    value, kind = _store_value(frame, store)
+    columns = [F.col(store.key or "_key").cast("string").alias(f"_k{index}")]
+    if kind is not None and value is not None:
+        columns.append(value.cast(_VALUE_TYPES[kind]).alias(f"_v{index}"))
+    return columns, kind
+
+
+def _number(kind: str | None) -> str | None:
+    return kind if kind in ("inum", "fnum") else None
+
+
+def _plan(
+    store: StoreDefinition, number: str | None, stream_times: Mapping[int, int], wide: tuple[int, str | None] | None
+) -> StorePlan:
     window = None
     if store.window is not None:
         window = (store.window.size_ms, store.window.advance, store.window.grace_ms)
     aggregation = "latest" if store.kind is StoreKind.BLOOM else store.aggregate.kind
-    return StorePlan(store.name, store.kind.value, aggregation, number, window, dict(stream_times))
+    return StorePlan(store.name, store.kind.value, aggregation, number, window, dict(stream_times), wide)
 
 
 def partials_frame(
@@ -100,11 +134,19 @@ def partials_frame(
 ) -> DataFrame:
     """Return the batch's partial aggregates (PARTIALS_SCHEMA) for every store of one topic."""
     good = decoded.where(F.col("_error").isNull())
-    frames = [_narrow(decoded, None, F.lit(None), F.col("_error"))]
+    wide: list[Column] = []
+    narrow: list[DataFrame] = []
     plans = []
-    for store in stores:
-        frame, number = _store_narrow(good, store)
-        frames.append(frame)
-        plans.append(_plan(store, number, stream_times.get(store.name, {})))
-    union = reduce(lambda a, b: a.unionByName(b), frames).coalesce(tasks)
+    for index, store in enumerate(stores):
+        times = stream_times.get(store.name, {})
+        if store.transform is None:
+            columns, kind = _store_wide(decoded, store, index)
+            wide += columns
+            plans.append(_plan(store, _number(kind), times, (index, kind)))
+        else:
+            frame, number = _store_narrow(good, store)
+            narrow.append(frame)
+            plans.append(_plan(store, number, times, None))
+    rows = _narrow(decoded, None, F.lit(None), F.col("_error"), wide=wide)
+    union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), narrow, rows).coalesce(tasks)
     return union.mapInArrow(partial(partials_of, plans=plans), PARTIALS_SCHEMA)
