@@ -168,12 +168,18 @@ class StoreSink:
             if next_offsets
             else batch.limit(0)
         )
-        decoded = decode(fresh, self.topic, self._schema).persist()
+        decoded = decode(fresh, self.topic, self._schema)
+        # The wide projection reads the batch once; a store with a transform reads it once more (its own
+        # rows): then the decoded batch is cached, not read from Kafka and decoded twice.
+        cached = any(store.transform is not None for store in self.stores)
+        if cached:
+            decoded = decoded.persist()
         try:
             stream_times = {store.name: self._stream_times(store) for store in self.stores}
             return partials_frame(decoded, self.stores, stream_times, self.tasks).toArrow()
         finally:
-            decoded.unpersist()
+            if cached:
+                decoded.unpersist()
 
     def _stream_times(self, store: StoreDefinition) -> dict[int, int]:
         if store.kind is not StoreKind.WINDOW:
