@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import orjson
@@ -70,6 +71,13 @@ class KeyCodec:
             return checked.encode("utf-8")
         return encode_int64(checked)
 
+    def encode_many(self, keys: Iterable[object]) -> list[bytes]:
+        """Return encode(key) of each key (string keys: one pass, the per-key checks only if one is not a str)."""
+        keys = list(keys)
+        if self.key_type == "string" and all(type(key) is str for key in keys):
+            return [key.encode("utf-8") for key in keys]  # type: ignore[attr-defined]
+        return [self.encode(key) for key in keys]
+
     def decode(self, data: bytes) -> Key:
         """Return the key whose bytes are data."""
         if self.key_type == "string":
@@ -115,6 +123,23 @@ def _default(value: Any) -> Any:
 def encode_value(value: Any) -> bytes:
     """Return the stored bytes of value: the format version, then orjson."""
     return _VERSION_BYTE + orjson.dumps(value, default=_default, option=orjson.OPT_NON_STR_KEYS)
+
+
+def encode_values(values: Iterable[Any]) -> list[bytes]:
+    """Return encode_value of each value."""
+    dumps, option = orjson.dumps, orjson.OPT_NON_STR_KEYS
+    return [_VERSION_BYTE + dumps(value, default=_default, option=option) for value in values]
+
+
+def decode_values(raws: Iterable[bytes | None]) -> list[Any]:
+    """Return decode_value of each stored value (None stays None), in one pass when all are well formed."""
+    raws = list(raws)
+    if all(raw is None or raw[:1] == _VERSION_BYTE for raw in raws):
+        try:
+            return [None if raw is None else orjson.loads(raw[1:]) for raw in raws]
+        except orjson.JSONDecodeError:
+            pass  # decode_value names the error
+    return [None if raw is None else decode_value(raw) for raw in raws]
 
 
 def decode_value(data: bytes) -> Any:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from iqgraph.stores.aggregations import Aggregation, merge_state
-from iqgraph.stores.codecs import Key, KeyCodec, decode_value, encode_value
+from iqgraph.stores.codecs import Key, KeyCodec, decode_value, decode_values, encode_value, encode_values
 from iqgraph.stores.partition import PartitionDB, PartitionTransaction, entries_counter
 from iqgraph.stores.scan import Page, inclusive_stop, paginate, prefix_stop
 from iqgraph.stores.spec import StoreKind
@@ -111,22 +111,22 @@ class KeyValueStore:
     ) -> None:
         """Fold each (key, partial state) into the stored state with the store's aggregation."""
         agg = aggregation or self.spec.aggregation
+        pairs = items if isinstance(items, list) else list(items)
+        encoded = self.codec.encode_many([key for key, _ in pairs])
         partials: dict[bytes, Any] = {}
-        for key, partial in items:
-            encoded = self.codec.encode(key)
-            partials[encoded] = merge_state(agg, partials.get(encoded), partial)
+        for key, (_, partial) in zip(encoded, pairs, strict=True):
+            partials[key] = merge_state(agg, partials[key], partial) if key in partials else partial
         if not partials:
             return
-        stored = tx.multi_get(self.name, list(partials))
+        keys = list(partials)
+        olds = decode_values(tx.multi_get(self.name, keys))
         # A new key's state is its partial, so it is stored (and counted) unless that is null.
-        added = sum(raw is None and p is not None for p, raw in zip(partials.values(), stored, strict=True))
-        self._count_entries(tx, added)
-        merged = (
-            (key, partial if raw is None else merge_state(agg, decode_value(raw), partial))
-            for (key, partial), raw in zip(partials.items(), stored, strict=True)
-        )
+        pending = list(partials.values())
+        self._count_entries(tx, sum(old is None and p is not None for old, p in zip(olds, pending, strict=True)))
+        states = [merge_state(agg, old, p) for old, p in zip(olds, pending, strict=True)]
         # A key whose partials were all null (e.g. a sum over null values) gets no state.
-        tx.put_many(self.name, ((key, encode_value(state)) for key, state in merged if state is not None))
+        kept = [(key, state) for key, state in zip(keys, states, strict=True) if state is not None]
+        tx.put_many(self.name, zip([key for key, _ in kept], encode_values([state for _, state in kept]), strict=True))
 
     def put(self, tx: PartitionTransaction, key: Key, value: Any) -> None:
         """Store value under key, replacing any state."""

@@ -19,7 +19,7 @@ from iqgraph.stores import (
     decode_value,
     encode_value,
 )
-from iqgraph.stores.codecs import decode_int64, encode_int64
+from iqgraph.stores.codecs import decode_int64, decode_values, encode_int64, encode_values
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
@@ -206,3 +206,33 @@ def test_value_errors_share_a_root() -> None:
     assert issubclass(CorruptValueError, ValueFormatError)
     assert issubclass(UnknownFormatError, ValueFormatError)
     assert not issubclass(orjson.JSONDecodeError, ValueFormatError)
+
+
+# -- the batch forms the merges use: the same bytes and the same errors as one at a time ------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.none() | st.integers(-1000, 1000) | st.floats(allow_nan=False) | st.text(max_size=5), max_size=20))
+def test_batch_encoding_and_decoding_equal_one_at_a_time(values: list[object]) -> None:
+    encoded = encode_values(values)
+    assert encoded == [encode_value(v) for v in values]
+    raws = [None if i % 3 == 0 else raw for i, raw in enumerate(encoded)]
+    assert decode_values(raws) == [None if raw is None else decode_value(raw) for raw in raws]
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"), [(b"\x02{}", UnknownFormatError), (b"\x01{", CorruptValueError), (b"", CorruptValueError)]
+)
+def test_one_bad_value_in_a_batch_raises_as_alone(raw: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        decode_values([b"\x011", None, raw, b"\x012"])
+
+
+def test_batch_key_encoding_checks_every_key() -> None:
+    codec = KeyCodec("string")
+    assert codec.encode_many(["a", "é"]) == [b"a", "é".encode()]
+    with pytest.raises(InvalidKeyError, match="this store's keys are strings"):
+        codec.encode_many(["a", 1])
+    assert KeyCodec("int").encode_many([-1, 2]) == [encode_int64(-1), encode_int64(2)]
+    with pytest.raises(InvalidKeyError):
+        KeyCodec("int").encode_many([True])
