@@ -27,6 +27,7 @@ Run it from the repository root: Spark's Python workers import ``streaming`` fro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
@@ -56,6 +57,7 @@ from iqgraph.streaming.definitions import App  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner  # noqa: E402
 from iqgraph.streaming.session import build_spark_session  # noqa: E402
+from tests.spark_cluster import StandaloneCluster  # noqa: E402
 
 PARTITIONS = 6
 SEED = 11
@@ -442,6 +444,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-records-per-batch", type=int, default=20_000)
     parser.add_argument("--producers", type=int, default=4, help="producer processes (Tansu: ~5k records/s each)")
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        help="start a Spark standalone master and a 2-core worker on loopback and run the queries there",
+    )
     parser.add_argument("--shuffle-partitions", type=int, default=2)
     parser.add_argument("--trigger", default="0 seconds", help="trigger interval of the streaming query")
     parser.add_argument("--rate", type=float, default=20.0, help="latency step: orders per second")
@@ -467,12 +474,27 @@ def setup_logging(verbose: bool) -> SinkTimes:
     return sink_times
 
 
+@contextlib.contextmanager
+def standalone_cluster(home: Path) -> Iterator[StandaloneCluster]:
+    """Run a Spark standalone master and one 2-core worker on loopback (tests.spark_cluster)."""
+    cluster = StandaloneCluster(home).start()
+    try:
+        cluster.add_worker(cores=2, memory="2g")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     args = parse_args()
     sink_times = setup_logging(args.verbose)
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     app = build_app(topic, partitions=PARTITIONS)
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-") as tmp:
+    with (
+        EmbeddedBroker() as broker,
+        tempfile.TemporaryDirectory(prefix="iqgraph-bench-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         broker.create_topics({topic: PARTITIONS})
         bootstrap = broker.bootstrap_servers
         kafka = {"produce_rate": args.events / produce_events(bootstrap, topic, args.events, args.producers)}
@@ -481,6 +503,10 @@ def main() -> None:
             bootstrap, topic, args.events, LARGE_FETCHES
         )
         conf = dict(item.split("=", 1) for item in args.conf)
+        if args.standalone:  # the executors' CPU is the worker's, not counted in the node's CPU seconds
+            cluster = stack.enter_context(standalone_cluster(Path(tmp) / "spark"))
+            args.master = cluster.url
+            conf = {"spark.driver.host": "127.0.0.1", "spark.executor.memory": "1g", "spark.cores.max": "2", **conf}
         spark = build_spark_session(args.master, shuffle_partitions=args.shuffle_partitions, extra_conf=conf)
         settings = RunnerSettings(
             bootstrap,
