@@ -67,31 +67,47 @@ def _value_columns(topic: Topic, schema: StructType | None) -> list[Column]:
 
 def decode(raw: DataFrame, topic: Topic, schema: StructType | None) -> DataFrame:
     """Return raw Kafka rows of topic decoded, with ``_error`` set on the bad ones."""
-    parsed = raw
-    undecodable = F.lit(False)
-    if schema is not None:
-        with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType())])
-        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-        parsed = raw.withColumn("_value", F.from_json(F.col("value").cast("string"), with_corrupt, options))
-        undecodable = F.col("_value").isNull() | F.col(f"_value.{CORRUPT}").isNotNull()
-    key = _key_column(topic)
-    event_ms = _event_ms(topic, schema)
-    error = (
-        F.when(F.col("value").isNull(), F.lit("null value"))
-        .when(F.length("value") > topic.max_value_bytes, F.lit("value too large"))
-        .when(undecodable, F.lit("undecodable value"))
-        .when(key.isNull(), F.lit("null key" if topic.key_format == "string" else "null or non-8-byte long key"))
-        .when(event_ms.isNull(), F.lit("missing event time"))
-    )
-    return parsed.select(
-        F.col("topic").alias("_topic"),
-        F.col("partition").alias("_partition"),
-        F.col("offset").alias("_offset"),
-        F.col("timestamp").alias("_timestamp"),
-        key.alias("_key"),
-        event_ms.alias("_event_ms"),
-        F.col("key").alias("_raw_key"),
-        F.col("value").alias("_raw_value"),
-        error.alias("_error"),
-        *_value_columns(topic, schema),
-    )
+    return Decoder(topic, schema)(raw)
+
+
+class Decoder:
+    """Decode raw Kafka rows of one topic; the Spark expressions are built once and applied to every batch.
+
+    Building them costs hundreds of Py4J round trips; they only name the source's columns, the same in every
+    micro-batch.
+    """
+
+    def __init__(self, topic: Topic, schema: StructType | None) -> None:
+        self.parsed: Column | None = None
+        undecodable = F.lit(False)
+        if schema is not None:
+            with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType())])
+            options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+            self.parsed = F.from_json(F.col("value").cast("string"), with_corrupt, options)
+            undecodable = F.col("_value").isNull() | F.col(f"_value.{CORRUPT}").isNotNull()
+        key = _key_column(topic)
+        event_ms = _event_ms(topic, schema)
+        error = (
+            F.when(F.col("value").isNull(), F.lit("null value"))
+            .when(F.length("value") > topic.max_value_bytes, F.lit("value too large"))
+            .when(undecodable, F.lit("undecodable value"))
+            .when(key.isNull(), F.lit("null key" if topic.key_format == "string" else "null or non-8-byte long key"))
+            .when(event_ms.isNull(), F.lit("missing event time"))
+        )
+        self.columns = [
+            F.col("topic").alias("_topic"),
+            F.col("partition").alias("_partition"),
+            F.col("offset").alias("_offset"),
+            F.col("timestamp").alias("_timestamp"),
+            key.alias("_key"),
+            event_ms.alias("_event_ms"),
+            F.col("key").alias("_raw_key"),
+            F.col("value").alias("_raw_value"),
+            error.alias("_error"),
+            *_value_columns(topic, schema),
+        ]
+
+    def __call__(self, raw: DataFrame) -> DataFrame:
+        """Return raw decoded, with ``_error`` set on the bad rows."""
+        parsed = raw if self.parsed is None else raw.withColumn("_value", self.parsed)
+        return parsed.select(*self.columns)

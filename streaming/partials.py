@@ -39,11 +39,22 @@ def _narrow(
     inum: Column | None = None,
     fnum: Column | None = None,
     payload: Column | None = None,
-    wide: Sequence[Column] = (),
 ) -> DataFrame:
+    return frame.select(*_narrow_columns(store, key, error, inum, fnum, payload))
+
+
+def _narrow_columns(
+    store: str | None,
+    key: Column,
+    error: Column,
+    inum: Column | None = None,
+    fnum: Column | None = None,
+    payload: Column | None = None,
+    wide: Sequence[Column] = (),
+) -> list[Column]:
     inum, fnum, payload = (F.lit(None) if c is None else c for c in (inum, fnum, payload))
     failed = error.isNotNull()
-    return frame.select(
+    return [
         *wide,
         F.lit(store).cast("string").alias("store"),
         F.col("_partition").cast("int").alias("partition"),
@@ -56,7 +67,7 @@ def _narrow(
         error.cast("string").alias("error"),
         F.when(failed, F.col("_raw_key")).alias("raw_key"),
         F.when(failed, F.col("_raw_value")).alias("raw_value"),
-    )
+    ]
 
 
 def store_frame(good: DataFrame, store: StoreDefinition) -> DataFrame:
@@ -126,27 +137,52 @@ def _plan(
     return StorePlan(store.name, store.kind.value, aggregation, number, window, dict(stream_times), wide)
 
 
+class PartialsPlan:
+    """The partials of one topic's batches, with the wide rows' Spark expressions built once.
+
+    The expressions of the wide rows only name columns that every batch's decoded frame has (the topic's
+    schema fixes them), so they are built on the first batch and reused: building them again cost ~1,800
+    Py4J round trips (~0.25 s) per micro-batch. A store with a transform is built per batch (its transform
+    is the user's code, called on each batch's frame).
+    """
+
+    def __init__(self, stores: Sequence[StoreDefinition], tasks: int) -> None:
+        self.stores = stores
+        self.tasks = tasks
+        self._rows: list[Column] | None = None
+        self._kinds: dict[int, str | None] = {}  # store index -> value kind, for the stores in the wide rows
+
+    def frame(self, decoded: DataFrame, stream_times: Mapping[str, Mapping[int, int]]) -> DataFrame:
+        """Return the batch's partial aggregates (PARTIALS_SCHEMA) for every store of the topic."""
+        if self._rows is None:
+            wide: list[Column] = []
+            for index, store in enumerate(self.stores):
+                if store.transform is None:
+                    columns, self._kinds[index] = _store_wide(decoded, store, index)
+                    wide += columns
+            self._rows = _narrow_columns(None, F.lit(None), F.col("_error"), wide=wide)
+        good = decoded.where(F.col("_error").isNull()) if len(self._kinds) < len(self.stores) else decoded
+        narrow: list[DataFrame] = []
+        plans = []
+        for index, store in enumerate(self.stores):
+            times = stream_times.get(store.name, {})
+            if index in self._kinds:
+                kind = self._kinds[index]
+                plans.append(_plan(store, _number(kind), times, (index, kind)))
+            else:
+                frame, number = _store_narrow(good, store)
+                narrow.append(frame)
+                plans.append(_plan(store, number, times, None))
+        rows = decoded.select(*self._rows)
+        union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), narrow, rows).coalesce(self.tasks)
+        return union.mapInArrow(partial(partials_of, plans=plans), PARTIALS_SCHEMA)
+
+
 def partials_frame(
     decoded: DataFrame,
     stores: Sequence[StoreDefinition],
     stream_times: Mapping[str, Mapping[int, int]],
     tasks: int,
 ) -> DataFrame:
-    """Return the batch's partial aggregates (PARTIALS_SCHEMA) for every store of one topic."""
-    good = decoded.where(F.col("_error").isNull())
-    wide: list[Column] = []
-    narrow: list[DataFrame] = []
-    plans = []
-    for index, store in enumerate(stores):
-        times = stream_times.get(store.name, {})
-        if store.transform is None:
-            columns, kind = _store_wide(decoded, store, index)
-            wide += columns
-            plans.append(_plan(store, _number(kind), times, (index, kind)))
-        else:
-            frame, number = _store_narrow(good, store)
-            narrow.append(frame)
-            plans.append(_plan(store, number, times, None))
-    rows = _narrow(decoded, None, F.lit(None), F.col("_error"), wide=wide)
-    union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), narrow, rows).coalesce(tasks)
-    return union.mapInArrow(partial(partials_of, plans=plans), PARTIALS_SCHEMA)
+    """Return one batch's partial aggregates (PARTIALS_SCHEMA) for every store of one topic."""
+    return PartialsPlan(stores, tasks).frame(decoded, stream_times)

@@ -32,9 +32,9 @@ from pyspark.sql import functions as F
 
 from iqgraph.stores import PartitionState, PartitionStores, PartitionTransaction, StoreKind
 from iqgraph.streaming.dead_letter import DeadLetterQueue
-from iqgraph.streaming.decode import decode, value_schema
+from iqgraph.streaming.decode import Decoder, value_schema
 from iqgraph.streaming.definitions import App, StoreDefinition, Topic
-from iqgraph.streaming.partials import partials_frame
+from iqgraph.streaming.partials import PartialsPlan
 from iqgraph.streaming.partitioner import (
     EVIDENCE_COUNTERS,
     Placement,
@@ -123,7 +123,8 @@ class StoreSink:
         self.on_commit = on_commit
         self.tasks = tasks
         self.observer = observer
-        self._schema = None
+        self._decoder: Decoder | None = None  # built on the first batch, as the partials plan
+        self._plan = PartialsPlan(self.stores, self.tasks)
         self._placements: dict[Any, Placement] = {}  # key -> where each partitioner puts it
         self._lock = threading.Lock()
         self.stopping = False
@@ -157,8 +158,8 @@ class StoreSink:
 
     def partials(self, batch: DataFrame) -> pa.Table:
         """Return the batch's partial aggregates as one Arrow table (see streaming.partials)."""
-        if self._schema is None:
-            self._schema = value_schema(self.topic)  # type: ignore[assignment]
+        if self._decoder is None:
+            self._decoder = Decoder(self.topic, value_schema(self.topic))
         next_offsets = {p: s.db.next_offset() for p, s in self.partitions.items()}
         fresh = (
             batch.where(
@@ -168,7 +169,7 @@ class StoreSink:
             if next_offsets
             else batch.limit(0)
         )
-        decoded = decode(fresh, self.topic, self._schema)
+        decoded = self._decoder(fresh)
         # The wide projection reads the batch once; a store with a transform reads it once more (its own
         # rows): then the decoded batch is cached, not read from Kafka and decoded twice.
         cached = any(store.transform is not None for store in self.stores)
@@ -176,7 +177,7 @@ class StoreSink:
             decoded = decoded.persist()
         try:
             stream_times = {store.name: self._stream_times(store) for store in self.stores}
-            return partials_frame(decoded, self.stores, stream_times, self.tasks).toArrow()
+            return self._plan.frame(decoded, stream_times).toArrow()
         finally:
             if cached:
                 decoded.unpersist()
