@@ -4,12 +4,15 @@ The master and a worker are started from the pyspark installation on loopback (t
 user's app calls a plain function of its own module in a UDF: the executors can import that module only
 because the node ships it (streaming.session.ship_module) — without it the first batch fails with
 ModuleNotFoundError. A worker is killed with SIGKILL mid-stream (with its executor) and another started:
-queries are answered throughout from the node's stores, and the values end equal to the ground truth.
+queries are answered throughout from the node's stores, and the values end equal to the ground truth —
+then the node is stopped and every one of the shop example's stores, read back from its state directory,
+equals the ground truth computed in Python (the end-to-end pipeline check, run on the cluster).
 """
 
 from __future__ import annotations
 
 import itertools
+import signal
 import textwrap
 import threading
 import time
@@ -20,11 +23,13 @@ import orjson
 import pytest
 
 from iqgraph.examples.shop import build_app
+from iqgraph.stores import PartitionState, StateDirectory
 from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
 from tests.app.cluster_nodes import NodeProcess, start_node, wait_ready
 from tests.conftest import MakeTopic
 from tests.spark_cluster import StandaloneCluster
-from tests.streaming.test_pipeline import START_MS
+from tests.streaming.readback import read_back
+from tests.streaming.test_pipeline import START_MS, assert_equal_to_ground_truth
 
 PARTITIONS = 3
 
@@ -48,10 +53,7 @@ shop = build_app({topic!r}, {partitions}, KafkaSettings(bootstrap_servers={serve
 app = App(
     "onspark",
     shop.topics,
-    [
-        shop.store("order_count"),
-        key_value_store("orders_per_band", {topic!r}, count(), key="band", transform=with_band),
-    ],
+    [*shop.stores, key_value_store("orders_per_band", {topic!r}, count(), key="band", transform=with_band)],
     kafka=shop.kafka,
 )
 """
@@ -177,3 +179,22 @@ def test_a_worker_killed_mid_stream_is_survived_and_the_stores_stay_exact(
     assert answered and not failed, failed[:3]
     wait_ready([node], timeout=120)
     print("pipeline after the worker's death:", node.post("{ node { pipeline { state restarts lastError } } }"))
+
+
+def test_every_store_built_on_the_cluster_equals_the_ground_truth(
+    on_spark: tuple[StandaloneCluster, NodeProcess, Orders],
+) -> None:
+    _, node, orders = on_spark
+    node.process.send_signal(signal.SIGTERM)  # a clean stop releases the stores for reading
+    assert node.process.wait(timeout=120) == 0, node.log.read_text()[-3000:]
+    shop = build_app(orders.topic, PARTITIONS)
+    state = StateDirectory(node.log.parent / f"state-{node.id}", "onspark")
+    partitions = [state.open(orders.topic, p, shop.specs(orders.topic)) for p in range(PARTITIONS)]
+    try:
+        assert sum(stores.db.next_offset() for stores in partitions) == len(orders.sent)
+        for stores in partitions:
+            stores.db.set_state(PartitionState.RUNNING)  # opened for reading, not restored: serve as stored
+        assert_equal_to_ground_truth(shop, read_back(shop, partitions), orders.sent)
+    finally:
+        for stores in partitions:
+            stores.close()
