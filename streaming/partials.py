@@ -51,9 +51,12 @@ def _narrow_columns(
     fnum: Column | None = None,
     payload: Column | None = None,
     wide: Sequence[Column] = (),
+    bad_in_a_store: Column | None = None,
 ) -> list[Column]:
     inum, fnum, payload = (F.lit(None) if c is None else c for c in (inum, fnum, payload))
-    failed = error.isNotNull()
+    # a record's raw bytes travel only when it is bad (for the dead-letter topic): bad for every store (error),
+    # or bad for one of the stores in the wide row (its key is null)
+    failed = error.isNotNull() if bad_in_a_store is None else error.isNotNull() | bad_in_a_store
     return [
         *wide,
         F.lit(store).cast("string").alias("store"),
@@ -156,11 +159,14 @@ class PartialsPlan:
         """Return the batch's partial aggregates (PARTIALS_SCHEMA) for every store of the topic."""
         if self._rows is None:
             wide: list[Column] = []
+            null_keys: list[Column] = []
             for index, store in enumerate(self.stores):
                 if store.transform is None:
                     columns, self._kinds[index] = _store_wide(decoded, store, index)
                     wide += columns
-            self._rows = _narrow_columns(None, F.lit(None), F.col("_error"), wide=wide)
+                    null_keys.append(F.col(store.key or "_key").isNull())
+            bad_in_a_store = reduce(lambda a, b: a | b, null_keys) if null_keys else None
+            self._rows = _narrow_columns(None, F.lit(None), F.col("_error"), wide=wide, bad_in_a_store=bad_in_a_store)
         good = decoded.where(F.col("_error").isNull()) if len(self._kinds) < len(self.stores) else decoded
         narrow: list[DataFrame] = []
         plans = []

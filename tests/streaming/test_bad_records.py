@@ -98,3 +98,32 @@ def test_bad_records_are_counted_and_dead_lettered(
         offsets.append(int(headers["iq.offset"]))
     assert sorted(offsets) == list(range(min(offsets), min(offsets) + len(BAD)))
     assert {m.value() for m in letters} == {value for _, value, _ in BAD}
+
+
+def test_a_record_bad_for_one_store_only_is_dead_lettered_with_its_bytes_and_counted_there(
+    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    # items_sold is keyed by the item column: an order without an item is bad for it, good for the others
+    topic = make_topic(1, prefix="orders")
+    dlq = make_topic(1, prefix="dlq")
+    app = dataclasses.replace(build_app(topic, 1), kafka=KafkaSettings(dead_letter_topic=dlq))
+    assert app.generator is not None
+    good = list(itertools.islice(app.generator(9, START_MS), 30))
+    no_item = orjson.dumps({**good[0][1], "item": None})
+    records = [(k.encode(), orjson.dumps(v), None) for k, v in good] + [(b"customer-0009", no_item, None)]
+    produce(broker.bootstrap_servers, topic, records)
+    settings = RunnerSettings(broker.bootstrap_servers, producer_config=dict(ONE_RECORD_PER_REQUEST))
+    runner = StreamRunner(app, spark, StateDirectory(tmp_path / "state", "shop"), settings)
+    try:
+        runner.start({topic: [0]})
+        runner.wait_until_caught_up(timeout=180)
+        db = runner.partitions[topic][0].db
+        assert db.counter("bad:items_sold") == 1
+        assert db.counter("bad:order_count") == 0
+        counted = sum(v for _, v in runner.partitions[topic][0].kv("order_count").all(limit=1000).items)
+        assert counted == len(records)  # the order counts for the stores it is good for
+    finally:
+        runner.stop()
+    [letter] = _dead_letters(broker, dlq, 1)
+    assert dict(letter.headers())["iq.error"] == b"null key"
+    assert (letter.key(), letter.value()) == (b"customer-0009", no_item)
