@@ -31,18 +31,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 
-def _narrow(
-    frame: DataFrame,
-    store: str | None,
-    key: Column,
-    error: Column,
-    inum: Column | None = None,
-    fnum: Column | None = None,
-    payload: Column | None = None,
-) -> DataFrame:
-    return frame.select(*_narrow_columns(store, key, error, inum, fnum, payload))
-
-
 def _narrow_columns(
     store: str | None,
     key: Column,
@@ -113,7 +101,7 @@ def _store_narrow(good: DataFrame, store: StoreDefinition) -> tuple[DataFrame, s
     value, kind = _store_value(frame, store)
     inum, fnum, payload = (value if kind == name else None for name in ("inum", "fnum", "payload"))
     error = F.when(key.isNull(), F.lit("null key"))
-    return _narrow(frame, store.name, key, error, inum, fnum, payload), _number(kind)
+    return frame.select(*_narrow_columns(store.name, key, error, inum, fnum, payload)), _number(kind)
 
 
 def _store_wide(decoded: DataFrame, store: StoreDefinition, index: int) -> tuple[list[Column], str | None]:
