@@ -21,7 +21,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from iqgraph.app.merging import combiner
-from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, PipelineInfo, Read, Request, Scan, StoreInfo
+from iqgraph.schema.types import (
+    Answer,
+    EntityInfo,
+    NodeInfo,
+    PartitionInfo,
+    PipelineInfo,
+    Read,
+    RelationInfo,
+    Request,
+    Scan,
+    StoreInfo,
+)
 from iqgraph.stores import (
     Page,
     PartitionState,
@@ -57,7 +68,17 @@ def store_info(app: App, store: StoreDefinition, value_type: DataType) -> StoreI
         window_size_ms=store.window.size_ms if store.window else None,
         window_advance_ms=store.window.advance if store.window else None,
         false_positive_rate=store.bloom.error_rate if store.bloom else None,
+        relations=tuple(RelationInfo(r.field, r.entity, r.column) for r in store.relations),
+        table=topic.table,
     )
+
+
+def entity_infos(app: App) -> list[EntityInfo]:
+    """Return the entities the schema shows: the app's, with their shared key type."""
+    return [
+        EntityInfo(e.name, app.entity_key_type(e), tuple(e.stores), e.plural_field, e.table, e.description)
+        for e in app.entities
+    ]
 
 
 def definition_of(app: App, store: str, kind: StoreKind | None = None) -> StoreDefinition:

@@ -11,13 +11,22 @@ from iqgraph.schema.context import Context, ContextGetter, context_getter
 from iqgraph.schema.errors import ApiError
 from iqgraph.schema.limits import Limits
 from iqgraph.schema.scalars import DateTime, Long
-from iqgraph.schema.types import KeyQueryMetadata, NodeInfo, PartitionInfo, StoreInfo, StoreQueries
+from iqgraph.schema.types import (
+    EntityInfo,
+    KeyQueryMetadata,
+    NodeInfo,
+    PartitionInfo,
+    RelationInfo,
+    StoreInfo,
+    StoreQueries,
+)
 
 __all__ = [
     "ApiError",
     "Context",
     "ContextGetter",
     "DateTime",
+    "EntityInfo",
     "GraphQLApp",
     "IqGraphSchema",
     "KeyQueryMetadata",
@@ -25,6 +34,7 @@ __all__ = [
     "Long",
     "NodeInfo",
     "PartitionInfo",
+    "RelationInfo",
     "SchemaDefinitionError",
     "StoreInfo",
     "StoreQueries",

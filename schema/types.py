@@ -87,6 +87,37 @@ class NodeInfo:
 
 
 @dataclass(frozen=True)
+class RelationInfo:
+    """A reference from a store's values (``column``) or keys (``column`` None) to an entity's key.
+
+    The schema adds ``field`` (camelCased) to the store's value type (a column) or entry type (the key),
+    typed as the entity; a null target key resolves to null without an error. A field named like the column
+    replaces it (the key stays readable as the entity's ``key``).
+    """
+
+    field: str
+    entity: str
+    column: str | None = None
+
+
+@dataclass(frozen=True)
+class EntityInfo:
+    """One GraphQL type per key space: the stores sharing a key, composed at query time.
+
+    ``table`` (optional, one of ``stores``) is a store with a struct value whose columns become fields of the
+    entity itself; every other store is a field named after it. Root fields: ``<name in camelCase>(key)``,
+    ``<plural>(keys)`` and ``<plural>Page(first, after)`` (paged over ``table``, else the first store).
+    """
+
+    name: str
+    key_type: str  # "string" | "int"
+    stores: tuple[str, ...]
+    plural: str
+    table: str | None = None
+    description: str | None = None
+
+
+@dataclass(frozen=True)
 class StoreInfo:
     """A store as the schema describes it."""
 
@@ -103,6 +134,8 @@ class StoreInfo:
     window_advance_ms: int | None = None
     false_positive_rate: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    relations: tuple[RelationInfo, ...] = ()
+    table: bool = False  # fed from a table topic: latest value per key, tombstones delete
 
 
 SCAN_KINDS = ("range", "prefix", "fetch_all", "fetch_range")

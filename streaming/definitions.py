@@ -66,6 +66,9 @@ class Topic:
     event_time: str | None = None
     partitions: int = 6
     max_value_bytes: int = 1 << 20
+    #: Read as a changelog (a table): stores keep the latest value per key and a null value (tombstone)
+    #: deletes the key. Only ``table_store``s read a table topic.
+    table: bool = False
 
     def __post_init__(self) -> None:
         if self.value_format == "json" and self.schema is None:
@@ -136,6 +139,53 @@ def hopping(
 
 
 @dataclass(frozen=True)
+class Relation:
+    """A reference to an entity from a store's values (``column``) or from its keys (``column`` None).
+
+    GraphQL traverses it: ``Relation("product", "Product", column="item")`` adds ``product: Product`` next to
+    ``item`` in the store's value type; a relation whose field is named like its column replaces it.
+    """
+
+    field: str
+    entity: str
+    column: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.field):
+            raise DefinitionError(f"relation field {self.field!r}: use a letter then letters, digits or '_'")
+
+
+@dataclass(frozen=True)
+class Entity:
+    """One GraphQL type per key space: the stores that share a key, composed at query time.
+
+    ``Entity("Customer", stores=["customers", "order_count", "total_spend"], table="customers")`` makes the
+    type ``Customer`` (the table's columns as its fields, then one field per other store) and the root fields
+    ``customer(key)``, ``customers(keys)`` and ``customersPage(first, after)``; ``plural`` defaults to the
+    name in camelCase plus ``s``.
+    """
+
+    name: str
+    stores: Sequence[str]
+    table: str | None = None
+    plural: str | None = None
+    description: str | None = None
+
+    def __post_init__(self) -> None:
+        if not re.match(r"^[A-Z][A-Za-z0-9]*$", self.name):
+            raise DefinitionError(f"entity name {self.name!r}: use PascalCase (a capital, then letters or digits)")
+        if not self.stores:
+            raise DefinitionError(f"entity {self.name!r} composes no stores: name at least one")
+        if self.table is not None and self.table not in self.stores:
+            raise DefinitionError(f"entity {self.name!r}: its table {self.table!r} must be one of its stores")
+
+    @property
+    def plural_field(self) -> str:
+        """Return the root field of many keys (``customers``)."""
+        return self.plural or self.name[0].lower() + self.name[1:] + "s"
+
+
+@dataclass(frozen=True)
 class StoreDefinition:
     """One store: its kind, source topic, key, transformation and aggregation."""
 
@@ -149,10 +199,14 @@ class StoreDefinition:
     bloom: BloomSpec | None = None
     description: str | None = None
     key_type: Literal["string", "int"] | None = None
+    relations: tuple[Relation, ...] = ()
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise DefinitionError(f"store name {self.name!r}: use a letter then letters, digits or '_'")
+        fields = [r.field for r in self.relations]
+        if len(set(fields)) != len(fields):
+            raise DefinitionError(f"store {self.name!r}: relation fields must be unique, got {fields}")
 
     @property
     def co_partitioned(self) -> bool:
@@ -183,9 +237,30 @@ def key_value_store(
     key: str | None = None,
     transform: Transform | None = None,
     description: str | None = None,
+    relations: Sequence[Relation] = (),
 ) -> StoreDefinition:
     """Define a key-value store: one aggregate per key."""
-    return StoreDefinition(name, StoreKind.KEY_VALUE, topic, aggregate, key, transform, description=description)
+    return StoreDefinition(
+        name,
+        StoreKind.KEY_VALUE,
+        topic,
+        aggregate,
+        key,
+        transform,
+        description=description,
+        relations=tuple(relations),
+    )
+
+
+def table_store(
+    name: str,
+    topic: str,
+    *columns: str,
+    description: str | None = None,
+    relations: Sequence[Relation] = (),
+) -> StoreDefinition:
+    """Define the store of a table topic: the latest value per key (the columns named, or all); tombstones delete."""
+    return key_value_store(name, topic, latest(*columns), description=description, relations=relations)
 
 
 def window_store(
@@ -197,9 +272,20 @@ def window_store(
     key: str | None = None,
     transform: Transform | None = None,
     description: str | None = None,
+    relations: Sequence[Relation] = (),
 ) -> StoreDefinition:
     """Define a window store: one aggregate per key per time window."""
-    return StoreDefinition(name, StoreKind.WINDOW, topic, aggregate, key, transform, window, description=description)
+    return StoreDefinition(
+        name,
+        StoreKind.WINDOW,
+        topic,
+        aggregate,
+        key,
+        transform,
+        window,
+        description=description,
+        relations=tuple(relations),
+    )
 
 
 def bloom_store(
@@ -228,6 +314,15 @@ def bloom_store(
     )
 
 
+def _check_table_store(store: StoreDefinition) -> None:
+    """Refuse a store of a table topic that is not a table store (latest per record key, no transform)."""
+    if store.kind is not StoreKind.KEY_VALUE or store.aggregate.kind != "latest" or store.key or store.transform:
+        raise DefinitionError(
+            f"store {store.name!r} reads table topic {store.topic!r}: a table topic feeds only "
+            f"table_store(...) (the latest value per record key, no key column, no transform)"
+        )
+
+
 @dataclass(frozen=True)
 class App:
     """An application: its topics, its stores and how to reach Kafka."""
@@ -238,6 +333,7 @@ class App:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     description: str | None = None
     generator: EventGenerator | None = None
+    entities: Sequence[Entity] = ()
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -249,6 +345,38 @@ class App:
         for store in self.stores:
             if store.topic not in topics:
                 raise DefinitionError(f"store {store.name!r} reads topic {store.topic!r}, which the app lacks")
+            if self.topic(store.topic).table:
+                _check_table_store(store)
+        self._check_entities()
+
+    def _check_entities(self) -> None:
+        entities = {e.name: e for e in self.entities}
+        if len(entities) != len(self.entities):
+            raise DefinitionError(
+                f"app {self.name!r}: entity names must be unique, got {[e.name for e in self.entities]}"
+            )
+        stores = {s.name: s for s in self.stores}
+        for entity in self.entities:
+            unknown = [name for name in entity.stores if name not in stores]
+            if unknown:
+                raise DefinitionError(
+                    f"entity {entity.name!r} composes {unknown[0]!r}, which is not a store of the app"
+                )
+            types = {name: stores[name].resolved_key_type(self.topic(stores[name].topic)) for name in entity.stores}
+            if len(set(types.values())) > 1:
+                raise DefinitionError(f"entity {entity.name!r}: its stores must share a key type, got {types}")
+        for store in self.stores:
+            for relation in store.relations:
+                if relation.entity not in entities:
+                    raise DefinitionError(
+                        f"store {store.name!r}: relation {relation.field!r} refers to unknown entity "
+                        f"{relation.entity!r} (entities: {', '.join(entities) or 'none'})"
+                    )
+
+    def entity_key_type(self, entity: Entity) -> Literal["string", "int"]:
+        """Return the key type the stores of entity share."""
+        store = self.store(entity.stores[0])
+        return store.resolved_key_type(self.topic(store.topic))
 
     def topic(self, name: str) -> Topic:
         """Return the topic called name."""
