@@ -21,7 +21,7 @@ from iqgraph.streaming.definitions import App, StoreDefinition
 
 def aggregation_of(definition: StoreDefinition) -> Aggregation:
     """Return the aggregation a store's states are merged with."""
-    return aggregation_named("latest" if definition.kind is StoreKind.BLOOM else definition.aggregate.kind)
+    return aggregation_named(definition.aggregation)
 
 
 def combiner(definition: StoreDefinition) -> Callable[[Any, Any], Any]:

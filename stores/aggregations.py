@@ -2,7 +2,8 @@
 
 Spark computes one partial per (partition, store, key[, window]) and batch; the sink merges it into the
 state already stored. Each aggregation has a state form (what is stored) and a value form (what a
-query returns): they differ only for avg, stored as [sum, count] so that it stays mergeable.
+query returns): they differ for avg, stored as [sum, count] so that it stays mergeable, and for
+latest_by_time (a column-keyed store's latest), stored as [event_ms, partition, offset, value].
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ def _latest(old: Any, new: Any) -> Any:
     return new
 
 
+def _latest_by_time(old: list[Any], new: list[Any]) -> list[Any]:
+    # states are [event_ms, partition, offset, value]: the greatest (event time, partition, offset) wins
+    return new if new[:3] > old[:3] else old
+
+
+def _latest_by_time_value(state: list[Any]) -> Any:
+    return state[3]
+
+
 def _avg_merge(old: list[Any], new: list[Any]) -> list[Any]:
     return [old[0] + new[0], old[1] + new[1]]
 
@@ -51,8 +61,11 @@ MIN = Aggregation("min", _min)
 MAX = Aggregation("max", _max)
 LATEST = Aggregation("latest", _latest)
 AVG = Aggregation("avg", _avg_merge, _avg_value)
+#: latest of a store keyed by a column: one key's records arrive on several partitions, so "latest" is the
+#: record with the greatest event time (ties: the greater partition, then offset), not the last merged.
+LATEST_BY_TIME = Aggregation("latest_by_time", _latest_by_time, _latest_by_time_value)
 
-AGGREGATIONS: dict[str, Aggregation] = {a.name: a for a in (COUNT, SUM, MIN, MAX, LATEST, AVG)}
+AGGREGATIONS: dict[str, Aggregation] = {a.name: a for a in (COUNT, SUM, MIN, MAX, LATEST, AVG, LATEST_BY_TIME)}
 
 
 def merge_state(aggregation: Aggregation, old: Any, partial: Any) -> Any:

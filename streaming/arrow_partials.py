@@ -56,7 +56,7 @@ class StorePlan:
 
     name: str
     kind: str  # "key_value" | "window" | "bloom"
-    aggregation: str  # count | sum | min | max | avg | latest
+    aggregation: str  # count | sum | min | max | avg | latest | latest_by_time
     number: str | None = None  # "inum" or "fnum": the column holding the aggregated number
     window: tuple[int, int, int] | None = None  # size, advance, grace (ms)
     stream_times: Mapping[int, int] = field(default_factory=dict)
@@ -167,6 +167,8 @@ def _store_rows(table: pa.Table, plan: StorePlan, rows: _Rows) -> None:
         group_keys = ["partition", "key"]
     if table.num_rows == 0:
         return
+    if plan.aggregation == "latest_by_time":  # the last row of a group is then its latest by event time
+        table = table.sort_by([("event_ms", "ascending"), ("offset", "ascending")])
     grouped = table.group_by(group_keys, use_threads=False).aggregate(_aggregations(plan))
     partials = _partial_json(grouped, plan)
     starts = grouped["window_start"].to_pylist() if plan.kind == "window" else None
@@ -181,12 +183,15 @@ def _store_rows(table: pa.Table, plan: StorePlan, rows: _Rows) -> None:
     )
 
 
-def _aggregations(plan: StorePlan) -> list[tuple[str, str]]:
+def _aggregations(plan: StorePlan) -> list[Any]:
     aggs = [("offset", "count")]
     if plan.kind == "bloom" or plan.aggregation == "count":
         return aggs
-    if plan.aggregation == "latest":
-        return [*aggs, ("payload", "last")]
+    last = pc.ScalarAggregateOptions(skip_nulls=False)
+    if plan.aggregation == "latest":  # the last record wins, a tombstone's null payload too
+        return [*aggs, ("payload", "last", last)]
+    if plan.aggregation == "latest_by_time":
+        return [*aggs, ("event_ms", "last", last), ("offset", "last", last), ("payload", "last", last)]
     number = str(plan.number)
     if plan.aggregation == "avg":
         return [*aggs, (number, "sum"), (number, "count")]
@@ -200,6 +205,9 @@ def _partial_json(grouped: pa.Table, plan: StorePlan) -> list[str]:
         return [f"[{n}]" for n in grouped["offset_count"].to_pylist()]
     if plan.aggregation == "latest":
         return [f"[{p}]" if p is not None else "[null]" for p in grouped["payload_last"].to_pylist()]
+    if plan.aggregation == "latest_by_time":  # [[event_ms, partition, offset, value]]
+        columns = (grouped[c].to_pylist() for c in ("event_ms_last", "partition", "offset_last", "payload_last"))
+        return [f"[[{t},{p},{o},{v or 'null'}]]" for t, p, o, v in zip(*columns, strict=True)]
     number = str(plan.number)
     if plan.aggregation == "avg":
         sums, counts = grouped[f"{number}_sum"].to_pylist(), grouped[f"{number}_count"].to_pylist()

@@ -4,6 +4,9 @@ Output columns: ``_topic``, ``_partition``, ``_offset``, ``_timestamp``, ``_key`
 ``_event_ms`` (event time in epoch milliseconds), the value's columns (JSON) or ``value`` (string, bytes),
 ``_raw_key`` and ``_raw_value`` (for the dead-letter topic) and ``_error`` (null for a good record, else
 why it is bad: null key, value too large, undecodable value, missing event time).
+
+On a table topic a null value is a tombstone, not a bad record: its value columns are null, ``_raw_value``
+is null (how the stores tell a tombstone), and its event time is the record's Kafka timestamp.
 """
 
 from __future__ import annotations
@@ -87,8 +90,12 @@ class Decoder:
             undecodable = F.col("_value").isNull() | F.col(f"_value.{CORRUPT}").isNotNull()
         key = _key_column(topic)
         event_ms = _event_ms(topic, schema)
+        tombstone = F.col("value").isNull()
+        if topic.table:  # a tombstone: no value to decode, its time is the record's
+            undecodable = ~tombstone & undecodable
+            event_ms = F.when(tombstone, F.unix_millis(F.col("timestamp"))).otherwise(event_ms)
         error = (
-            F.when(F.col("value").isNull(), F.lit("null value"))
+            F.when(tombstone & F.lit(not topic.table), F.lit("null value"))
             .when(F.length("value") > topic.max_value_bytes, F.lit("value too large"))
             .when(undecodable, F.lit("undecodable value"))
             .when(key.isNull(), F.lit("null key" if topic.key_format == "string" else "null or non-8-byte long key"))

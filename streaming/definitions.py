@@ -119,7 +119,11 @@ def avg(column: str) -> Aggregate:
 
 
 def latest(*columns: str) -> Aggregate:
-    """Keep the latest record per key (by offset): the whole value, or the columns named."""
+    """Keep the latest record per key: the whole value, or the columns named.
+
+    Latest by offset for a store keyed by the record key (one partition holds the key); by event time for a
+    store keyed by a column (ties: the greater partition, then offset).
+    """
     return Aggregate("latest", columns=columns)
 
 
@@ -217,9 +221,22 @@ class StoreDefinition:
         """
         return self.key is None
 
+    @property
+    def aggregation(self) -> str:
+        """Return the name of the aggregation the store's states merge with (stores.aggregations).
+
+        ``latest`` of a store keyed by a column is ``latest_by_time``: its key's records arrive on several
+        partitions, and the latest is the one with the greatest event time (ties: partition, then offset).
+        """
+        if self.kind is StoreKind.BLOOM:
+            return "latest"
+        if self.aggregate.kind == "latest" and not self.co_partitioned:
+            return "latest_by_time"
+        return self.aggregate.kind
+
     def spec(self, topic: Topic) -> StoreSpec:
         """Return the spec the stores package keeps this store by."""
-        agg = aggregation_named("latest" if self.kind is StoreKind.BLOOM else self.aggregate.kind)
+        agg = aggregation_named(self.aggregation)
         return StoreSpec(self.name, self.kind, self.resolved_key_type(topic), agg, self.window, self.bloom)
 
     def resolved_key_type(self, topic: Topic) -> Literal["string", "int"]:

@@ -85,7 +85,8 @@ def _store_value(frame: DataFrame, store: StoreDefinition) -> tuple[Column | Non
         return None, None
     if agg.kind == "latest":
         columns = agg.columns or tuple(c for c in frame.columns if not c.startswith("_"))
-        return F.to_json(F.struct(*columns)), "payload"
+        # a tombstone (no value: only on a table topic) has a null payload, which deletes the key
+        return F.when(F.col("_raw_value").isNotNull(), F.to_json(F.struct(*columns))), "payload"
     column = str(agg.column)
     if column not in frame.columns:
         raise DefinitionError(f"store {store.name!r} aggregates column {column!r}, which its records lack")
@@ -124,8 +125,7 @@ def _plan(
     window = None
     if store.window is not None:
         window = (store.window.size_ms, store.window.advance, store.window.grace_ms)
-    aggregation = "latest" if store.kind is StoreKind.BLOOM else store.aggregate.kind
-    return StorePlan(store.name, store.kind.value, aggregation, number, window, dict(stream_times), wide)
+    return StorePlan(store.name, store.kind.value, store.aggregation, number, window, dict(stream_times), wide)
 
 
 class PartialsPlan:

@@ -10,7 +10,9 @@ partitioner explains their arrival partition (murmur2 only, CRC32 only, both, ne
 the same transaction (``partitioner.EVIDENCE_COUNTERS``): that is how routing detects the producers'
 partitioner per topic. Records whose key the configured partitioner would send to another partition
 (under "auto": neither would) are counted (``misrouted:<store>``) and warned about: routing could not
-find them (invariant 4). Both hashes of a key are computed once and cached. An optional observer hears
+find them (invariant 4). Both hashes of a key are computed once and cached. A table topic's stores
+take each key's last change of the batch: a value replaces the stored one, a tombstone deletes the key
+(and its count) in the same WriteBatch. An optional observer hears
 what each applied batch did (BatchReport: duration, records, bad records per store), e.g. the node's
 metrics.
 """
@@ -225,7 +227,9 @@ class StoreSink:
         self._check_partitions(tx, partition, batch, [(s, keys) for s, keys in keyed if s.co_partitioned])
         for store, keys in keyed:
             items = batch.partials.get(store.name, [])
-            if store.kind is StoreKind.KEY_VALUE:
+            if store.kind is StoreKind.KEY_VALUE and self.topic.table:
+                _apply_changelog(stores, store.name, tx, [(k, it[2]) for k, it in zip(keys, items, strict=True)])
+            elif store.kind is StoreKind.KEY_VALUE:
                 stores.kv(store.name).merge(tx, [(k, it[2]) for k, it in zip(keys, items, strict=True)])
             elif store.kind is StoreKind.WINDOW:
                 window_items = [(k, int(it[1] or 0), it[2]) for k, it in zip(keys, items, strict=True)]
@@ -305,6 +309,17 @@ class StoreSink:
         if bad and self.dead_letters is not None:
             self.dead_letters.flush()
         return counted
+
+
+def _apply_changelog(
+    stores: PartitionStores, name: str, tx: PartitionTransaction, items: list[tuple[Any, Any]]
+) -> None:
+    """Apply a table's last change per key of the batch: a value replaces the key's, a tombstone (None) deletes it."""
+    table = stores.kv(name)
+    table.merge(tx, [(key, value) for key, value in items if value is not None])
+    for key, value in items:
+        if value is None:
+            table.delete(tx, key)
 
 
 def mark_running_when_caught_up(stores: PartitionStores, target: int) -> None:
