@@ -38,7 +38,7 @@ from iqgraph.app.group_assignment import (
     build_map,
     is_caught_up,
 )
-from iqgraph.app.membership import ClusterMap
+from iqgraph.app.membership import ClusterMap, with_global_topics
 from iqgraph.app.routing import ReplicaState
 from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST
 
@@ -90,6 +90,7 @@ class GroupMembership:
         start_timeout_s: float = 30.0,
         replicas: Replicas | None = None,
         acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
+        global_topics: Mapping[str, int] | None = None,
     ) -> None:
         """Configure the member; nothing connects before start().
 
@@ -101,11 +102,14 @@ class GroupMembership:
                 from the membership thread; may return nothing before the pipelines exist). Without it the node
                 reports no copy: its claims are active at once and it never takes over a partition.
             acceptable_recovery_lag: a copy at most this many records behind (and RUNNING) is caught up.
+            global_topics: topics every node consumes whole (global tables): not in the group's subscription,
+                served by this node in its map (membership.with_global_topics).
         """
         if not topics or standbys < 0 or liveness_s <= heartbeat_s or acceptable_recovery_lag < 0:
             raise ValueError("need a topic, standbys >= 0, liveness_s > heartbeat_s and acceptable_recovery_lag >= 0")
         self.node_id, self.url, self.app_name = node_id, url.rstrip("/"), app_name
         self.topics = dict(topics)
+        self.global_topics = dict(global_topics or {})
         self.metadata_topic = metadata_topic_for(app_name)
         self._common: _Config = {**(kafka_config or {}), "bootstrap.servers": bootstrap_servers}
         self._standbys, self._session_ms, self._strategy = standbys, session_timeout_ms, assignment_strategy
@@ -336,7 +340,7 @@ class GroupMembership:
     def _rebuild(self) -> None:
         """Rebuild the map from the records (caller holds the lock); queue it for subscribers if it changed."""
         self._last_rebuild, floor = time.monotonic(), self._map.generation
-        new = build_map(
+        built = build_map(
             self._records,
             now=time.time(),
             liveness_s=self._liveness_s,
@@ -344,6 +348,7 @@ class GroupMembership:
             floor=floor,
             recovery_lag=self._recovery_lag,
         )
+        new = with_global_topics(built, self.node_id, self.global_topics)
         if new != self._map:
             self._map = new
             self._maps.put(new)

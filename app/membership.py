@@ -102,6 +102,19 @@ def modulo_map(
     return ClusterMap(generation, {m.id: m for m in members}, owners)
 
 
+def with_global_topics(cmap: ClusterMap, node_id: str, topics: Mapping[str, int]) -> ClusterMap:
+    """Return cmap with every partition of the global topics served by node_id itself.
+
+    A global table (``Topic(table=True, global_table=True)``) is consumed whole by every node into a local
+    copy: its partitions take no part in assignment, and each node reads its own copy (no forwarding).
+    """
+    if not topics:
+        return cmap
+    owners = dict(cmap.owners)
+    owners.update({(topic, p): PartitionOwners(node_id) for topic, count in topics.items() for p in range(count)})
+    return ClusterMap(cmap.generation, cmap.members, owners, cmap.down)
+
+
 class Membership(Protocol):
     """Where a node learns the cluster map, and hears when it changes."""
 
@@ -132,7 +145,12 @@ class StaticMembership:
     """Nodes from settings; the map only changes when a peer goes down or comes back."""
 
     def __init__(
-        self, node_id: str, members: Sequence[Member], partitions: Mapping[str, int], standbys: int = 0
+        self,
+        node_id: str,
+        members: Sequence[Member],
+        partitions: Mapping[str, int],
+        standbys: int = 0,
+        global_topics: Mapping[str, int] | None = None,
     ) -> None:
         ids = [m.id for m in members]
         if node_id not in ids:
@@ -142,7 +160,7 @@ class StaticMembership:
         if not 0 <= standbys < len(ids):
             raise ValueError(f"--standbys must be between 0 and {len(ids) - 1} for {len(ids)} nodes")
         self.node_id = node_id
-        self._base = modulo_map(members, partitions, standbys)
+        self._base = with_global_topics(modulo_map(members, partitions, standbys), node_id, global_topics or {})
         self._map = self._base
         self._callbacks: list[Callable[[ClusterMap], None]] = []
         self._lock = threading.Lock()

@@ -194,7 +194,8 @@ class Node:
     def _membership(self) -> Membership:
         """Return the membership the settings ask for."""
         settings = self.settings
-        partitions = {t.name: t.partitions for t in self.app.topics}
+        partitions = {t.name: t.partitions for t in self.app.topics if not t.global_table}
+        global_topics = {t.name: t.partitions for t in self.app.topics if t.global_table}
         if settings.membership == "kafka":
             from iqgraph.app.group_membership import GroupMembership
 
@@ -203,7 +204,7 @@ class Node:
                 local, runner = self.local, self.runner
                 if local is None or runner is None:
                     return {}
-                hosted = [(t, p) for t, ps in list(runner.partitions.items()) for p in list(ps)]
+                hosted = [(t, p) for t, ps in list(runner.partitions.items()) if t in partitions for p in list(ps)]
                 return {(t, p): found for t, p in hosted if (found := local.replica(t, p)) is not None}
 
             return GroupMembership(
@@ -216,10 +217,11 @@ class Node:
                 standbys=settings.standbys,
                 session_timeout_ms=settings.group_session_timeout_ms,
                 replicas=replicas,
+                global_topics=global_topics,
             )
         try:
             members = parse_peers(settings.peers) if settings.peers else [Member(settings.node_id, settings.url)]
-            return StaticMembership(settings.node_id, members, partitions, settings.standbys)
+            return StaticMembership(settings.node_id, members, partitions, settings.standbys, global_topics)
         except ValueError as exc:
             raise NodeStartError(str(exc)) from None
 

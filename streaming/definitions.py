@@ -69,6 +69,9 @@ class Topic:
     #: Read as a changelog (a table): stores keep the latest value per key and a null value (tombstone)
     #: deletes the key. Only ``table_store``s read a table topic.
     table: bool = False
+    #: A global table: every node consumes all its partitions into a local copy (small reference data such
+    #: as songs or products), read locally and joinable from any stream without co-partitioning.
+    global_table: bool = False
 
     def __post_init__(self) -> None:
         if self.value_format == "json" and self.schema is None:
@@ -77,6 +80,8 @@ class Topic:
             raise DefinitionError(f"topic {self.name!r}: value_format must be json, string or bytes")
         if self.key_format not in ("string", "long"):
             raise DefinitionError(f"topic {self.name!r}: key_format must be string or long")
+        if self.global_table and not self.table:
+            raise DefinitionError(f"topic {self.name!r}: a global table is a table: set table=True too")
 
 
 @dataclass(frozen=True)
