@@ -148,6 +148,27 @@ def hopping(
 
 
 @dataclass(frozen=True)
+class Join:
+    """Enrich a store's records with a table's value before aggregating (see streaming.joins).
+
+    ``table`` names a ``table_store``; ``on`` the stream column holding the table's key (None: the record
+    key). A join on a column needs a global table; a join on the record key of a table that is not global
+    needs the same partition count (co-partitioned: joined within the partition). ``how``: "inner" drops
+    records without a match, "left" keeps them with null table columns. The table's columns join under their
+    own names, or ``prefix`` + name.
+    """
+
+    table: str
+    on: str | None = None
+    how: Literal["inner", "left"] = "inner"
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.how not in ("inner", "left"):
+            raise DefinitionError(f"join with {self.table!r}: how must be 'inner' or 'left', not {self.how!r}")
+
+
+@dataclass(frozen=True)
 class Relation:
     """A reference to an entity from a store's values (``column``) or from its keys (``column`` None).
 
@@ -209,6 +230,7 @@ class StoreDefinition:
     description: str | None = None
     key_type: Literal["string", "int"] | None = None
     relations: tuple[Relation, ...] = ()
+    join: Join | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -225,6 +247,11 @@ class StoreDefinition:
         lookups must ask every partition.
         """
         return self.key is None
+
+    @property
+    def own_rows(self) -> bool:
+        """Return whether the store's records are its own rows (a transform or a join may add or drop some)."""
+        return self.transform is not None or self.join is not None
 
     @property
     def aggregation(self) -> str:
@@ -260,6 +287,7 @@ def key_value_store(
     transform: Transform | None = None,
     description: str | None = None,
     relations: Sequence[Relation] = (),
+    join: Join | None = None,
 ) -> StoreDefinition:
     """Define a key-value store: one aggregate per key."""
     return StoreDefinition(
@@ -271,6 +299,7 @@ def key_value_store(
         transform,
         description=description,
         relations=tuple(relations),
+        join=join,
     )
 
 
@@ -295,6 +324,7 @@ def window_store(
     transform: Transform | None = None,
     description: str | None = None,
     relations: Sequence[Relation] = (),
+    join: Join | None = None,
 ) -> StoreDefinition:
     """Define a window store: one aggregate per key per time window."""
     return StoreDefinition(
@@ -307,6 +337,7 @@ def window_store(
         window,
         description=description,
         relations=tuple(relations),
+        join=join,
     )
 
 
@@ -369,7 +400,30 @@ class App:
                 raise DefinitionError(f"store {store.name!r} reads topic {store.topic!r}, which the app lacks")
             if self.topic(store.topic).table:
                 _check_table_store(store)
+            if store.join is not None:
+                self._check_join(store, store.join)
         self._check_entities()
+
+    def _check_join(self, store: StoreDefinition, join: Join) -> None:
+        tables = [s.name for s in self.stores if self.topic(s.topic).table]
+        if join.table not in tables:
+            raise DefinitionError(
+                f"store {store.name!r} joins {join.table!r}, which is not a table store (tables: {tables or 'none'})"
+            )
+        table_topic, stream_topic = self.topic(self.store(join.table).topic), self.topic(store.topic)
+        if table_topic.global_table:
+            return
+        if join.on is not None:
+            raise DefinitionError(
+                f"store {store.name!r} joins {join.table!r} on column {join.on!r}: a join on a column needs a "
+                f"global table (Topic({table_topic.name!r}, ..., table=True, global_table=True))"
+            )
+        if table_topic.partitions != stream_topic.partitions:
+            raise DefinitionError(
+                f"store {store.name!r} joins {join.table!r} on the record key: topics {stream_topic.name!r} and "
+                f"{table_topic.name!r} must have the same partitions ({stream_topic.partitions} vs "
+                f"{table_topic.partitions}), or make the table global"
+            )
 
     def _check_entities(self) -> None:
         entities = {e.name: e for e in self.entities}

@@ -3,7 +3,8 @@
 ONE projection carries every record once (``NARROW_SCHEMA`` with no store: its offset and, for a bad
 record, its error and raw bytes) plus, for every store WITHOUT a transform, that store's key and value as
 columns of the same row (``_k<i>``, ``_v<i>``; ``arrow_partials.wide_view`` reads them back per store). A
-store WITH a transform may filter, add or change rows, so its records are projected on their own to
+store WITH a transform or a join (``streaming.joins``) may filter, add or change rows, so its records are
+projected on their own to
 ``NARROW_SCHEMA`` rows (``store`` set) and unioned by name with the wide rows. The union is coalesced into a
 few tasks (no shuffle: each Kafka partition's records of a store stay whole and in order) and aggregated
 by ``streaming.arrow_partials.partials_of`` through mapInArrow. The driver gets one small Arrow table.
@@ -26,6 +27,7 @@ from iqgraph.stores import StoreKind
 from iqgraph.streaming.arrow_partials import PARTIALS_SCHEMA, StorePlan, partials_of
 from iqgraph.streaming.decode import META_COLUMNS
 from iqgraph.streaming.definitions import DefinitionError, StoreDefinition
+from iqgraph.streaming.joins import Enrich
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -61,9 +63,10 @@ def _narrow_columns(
     ]
 
 
-def store_frame(good: DataFrame, store: StoreDefinition) -> DataFrame:
-    """Return the good records of a batch after the store's transformation, its key as ``_skey``."""
-    frame = store.transform(good) if store.transform is not None else good
+def store_frame(good: DataFrame, store: StoreDefinition, enrich: Enrich | None = None) -> DataFrame:
+    """Return the good records of a batch after the store's join and transformation, its key as ``_skey``."""
+    frame = enrich(good) if enrich is not None else good
+    frame = store.transform(frame) if store.transform is not None else frame
     missing = [c for c in ("_partition", "_offset", "_event_ms", "_raw_key", "_raw_value") if c not in frame.columns]
     if missing:
         raise DefinitionError(
@@ -96,8 +99,8 @@ def _store_value(frame: DataFrame, store: StoreDefinition) -> tuple[Column | Non
     return F.col(column), "inum" if isinstance(data_type, IntegralType) else "fnum"
 
 
-def _store_narrow(good: DataFrame, store: StoreDefinition) -> tuple[DataFrame, str | None]:
-    frame = store_frame(good, store)
+def _store_narrow(good: DataFrame, store: StoreDefinition, enrich: Enrich | None) -> tuple[DataFrame, str | None]:
+    frame = store_frame(good, store, enrich)
     key = F.col("_skey")
     value, kind = _store_value(frame, store)
     inum, fnum, payload = (value if kind == name else None for name in ("inum", "fnum", "payload"))
@@ -143,13 +146,21 @@ class PartialsPlan:
         self._rows: list[Column] | None = None
         self._kinds: dict[int, str | None] = {}  # store index -> value kind, for the stores in the wide rows
 
-    def frame(self, decoded: DataFrame, stream_times: Mapping[str, Mapping[int, int]]) -> DataFrame:
-        """Return the batch's partial aggregates (PARTIALS_SCHEMA) for every store of the topic."""
+    def frame(
+        self,
+        decoded: DataFrame,
+        stream_times: Mapping[str, Mapping[int, int]],
+        joins: Mapping[str, Enrich] | None = None,
+    ) -> DataFrame:
+        """Return the batch's partial aggregates (PARTIALS_SCHEMA) for every store of the topic.
+
+        joins: per store with a join, the join of its records with its table as of this batch.
+        """
         if self._rows is None:
             wide: list[Column] = []
             null_keys: list[Column] = []
             for index, store in enumerate(self.stores):
-                if store.transform is None:
+                if not store.own_rows:
                     columns, self._kinds[index] = _store_wide(decoded, store, index)
                     wide += columns
                     null_keys.append(F.col(store.key or "_key").isNull())
@@ -164,7 +175,7 @@ class PartialsPlan:
                 kind = self._kinds[index]
                 plans.append(_plan(store, _number(kind), times, (index, kind)))
             else:
-                frame, number = _store_narrow(good, store)
+                frame, number = _store_narrow(good, store, (joins or {}).get(store.name))
                 narrow.append(frame)
                 plans.append(_plan(store, number, times, None))
         rows = decoded.select(*self._rows)
@@ -177,6 +188,7 @@ def partials_frame(
     stores: Sequence[StoreDefinition],
     stream_times: Mapping[str, Mapping[int, int]],
     tasks: int,
+    joins: Mapping[str, Enrich] | None = None,
 ) -> DataFrame:
     """Return one batch's partial aggregates (PARTIALS_SCHEMA) for every store of one topic."""
-    return PartialsPlan(stores, tasks).frame(decoded, stream_times)
+    return PartialsPlan(stores, tasks).frame(decoded, stream_times, joins)

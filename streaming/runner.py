@@ -130,11 +130,12 @@ class StreamRunner:
     def start(self, assignment: Assignment) -> None:
         """Open the assigned partitions' databases and start one query per topic over them."""
         with self._lock:
-            for topic in self.app.topics:
-                owned = sorted(set(assignment.get(topic.name, ())))
-                if owned:
-                    self._open(topic.name, owned)
-                    self._queries.append(self._start_query(topic.name, owned))
+            owned = {t.name: sorted(set(assignment.get(t.name, ()))) for t in self.app.topics}
+            owned = {topic: partitions for topic, partitions in owned.items() if partitions}
+            for topic, partitions in owned.items():  # every topic's partitions open before any query runs: a
+                self._open(topic, partitions)  # join's first batch finds its table's partitions (streaming.joins)
+            for topic, partitions in owned.items():
+                self._queries.append(self._start_query(topic, partitions))
 
     def _open(self, topic: str, owned: list[int]) -> None:
         open_now = self.partitions.setdefault(topic, {})
@@ -159,6 +160,7 @@ class StreamRunner:
             self._dead_letters(),
             self._committed(topic),
             observer=self.observer,
+            tables=lambda table_topic: self.partitions.get(table_topic, {}),
         )
         self._sinks.append(sink)
         checkpoint = Path(tempfile.mkdtemp(prefix=f"iqgraph-{self.app.name}-{topic}-"))

@@ -36,6 +36,7 @@ from iqgraph.stores import PartitionState, PartitionStores, PartitionTransaction
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.decode import Decoder, value_schema
 from iqgraph.streaming.definitions import App, StoreDefinition, Topic
+from iqgraph.streaming.joins import HostedTables, TableSnapshots
 from iqgraph.streaming.partials import PartialsPlan
 from iqgraph.streaming.partitioner import (
     EVIDENCE_COUNTERS,
@@ -116,7 +117,11 @@ class StoreSink:
         on_commit: Callable[[int, int], None] | None = None,
         tasks: int = 2,
         observer: BatchObserver | None = None,
+        tables: HostedTables | None = None,
     ) -> None:
+        """Args:
+        tables: the partitions this node hosts of a topic, now: where joined tables are read (streaming.joins).
+        """
         self.app = app
         self.topic = topic
         self.partitions = partitions
@@ -130,6 +135,7 @@ class StoreSink:
         self._placements: dict[Any, Placement] = {}  # key -> where each partitioner puts it
         self._lock = threading.Lock()
         self.stopping = False
+        self._tables = TableSnapshots(app, tables or (lambda topic: {}), lambda: self.stopping)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Apply one micro-batch (Spark's foreachBatch calls this on the driver)."""
@@ -172,14 +178,15 @@ class StoreSink:
             else batch.limit(0)
         )
         decoded = self._decoder(fresh)
-        # The wide projection reads the batch once; a store with a transform reads it once more (its own
+        # The wide projection reads the batch once; a store with a transform or join reads it once more (its own
         # rows): then the decoded batch is cached, not read from Kafka and decoded twice.
-        cached = any(store.transform is not None for store in self.stores)
+        cached = any(store.own_rows for store in self.stores)
         if cached:
             decoded = decoded.persist()
         try:
             stream_times = {store.name: self._stream_times(store) for store in self.stores}
-            return self._plan.frame(decoded, stream_times).toArrow()
+            joins = self._tables.joins(batch.sparkSession, self.stores, self.partitions)  # the tables, as of now
+            return self._plan.frame(decoded, stream_times, joins).toArrow()
         finally:
             if cached:
                 decoded.unpersist()

@@ -21,6 +21,7 @@ from pyspark.sql.types import (
 from iqgraph.stores import StoreKind
 from iqgraph.streaming.decode import decode, value_schema
 from iqgraph.streaming.definitions import App, DefinitionError, StoreDefinition
+from iqgraph.streaming.joins import empty_joins
 from iqgraph.streaming.kafka_source import SCHEMA
 from iqgraph.streaming.partials import store_frame
 
@@ -55,8 +56,10 @@ def value_types(app: App, spark: SparkSession) -> dict[str, DataType]:
         empty = spark.createDataFrame([], SCHEMA)
         decoded = decode(empty, topic, value_schema(topic))
         good = decoded.where(decoded["_error"].isNull())
-        for store in app.stores_of(topic.name):
-            types[store.name] = _aggregate_type(store, store_frame(good, store).schema)
+        stores = app.stores_of(topic.name)
+        joins = empty_joins(spark, app, stores)
+        for store in stores:
+            types[store.name] = _aggregate_type(store, store_frame(good, store, joins.get(store.name)).schema)
     return types
 
 
