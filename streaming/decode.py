@@ -5,18 +5,23 @@ Output columns: ``_topic``, ``_partition``, ``_offset``, ``_timestamp``, ``_key`
 ``_raw_key`` and ``_raw_value`` (for the dead-letter topic) and ``_error`` (null for a good record, else
 why it is bad: null key, value too large, undecodable value, missing event time).
 
+Avro values (``value_format="avro"``) are turned into JSON text by ``streaming.avro`` and then parsed
+like JSON values, with the Spark type derived from the Avro schema; bad Avro is an undecodable value.
+
 On a table topic a null value is a tombstone, not a bad record: its value columns are null, ``_raw_value``
 is null (how the stores tell a tombstone), and its event time is the record's Kafka timestamp.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, NumericType, StringType, StructField, StructType, TimestampType
 
+from iqgraph.streaming.avro import avro_json_column, avro_struct_type, load_avro_schema
 from iqgraph.streaming.definitions import DefinitionError, Topic
 
 if TYPE_CHECKING:
@@ -27,7 +32,9 @@ META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key", "_event
 
 
 def value_schema(topic: Topic) -> StructType | None:
-    """Return the StructType of topic's JSON values (None for string or bytes values)."""
+    """Return the StructType of topic's JSON or Avro values (None for string or bytes values)."""
+    if topic.value_format == "avro":
+        return avro_struct_type(_avro_schema(topic))
     if topic.value_format != "json":
         return None
     if isinstance(topic.schema, StructType):
@@ -36,6 +43,11 @@ def value_schema(topic: Topic) -> StructType | None:
     if not isinstance(parsed, StructType):
         raise DefinitionError(f"topic {topic.name!r}: schema must be a struct, got {parsed.simpleString()}")
     return parsed
+
+
+def _avro_schema(topic: Topic) -> dict[str, Any]:
+    assert isinstance(topic.schema, str | Mapping)  # noqa: S101 - Topic checks an Avro topic's schema
+    return load_avro_schema(topic.schema, topic=topic.name)
 
 
 def _key_column(topic: Topic) -> Column:
@@ -86,7 +98,13 @@ class Decoder:
         if schema is not None:
             with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType())])
             options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-            self.parsed = F.from_json(F.col("value").cast("string"), with_corrupt, options)
+            # Avro: the bytes become JSON text first (streaming.avro), then parse as JSON values do
+            text = (
+                avro_json_column(F.col("value"), _avro_schema(topic))
+                if topic.value_format == "avro"
+                else F.col("value").cast("string")
+            )
+            self.parsed = F.from_json(text, with_corrupt, options)
             undecodable = F.col("_value").isNull() | F.col(f"_value.{CORRUPT}").isNotNull()
         key = _key_column(topic)
         event_ms = _event_ms(topic, schema)

@@ -34,7 +34,7 @@ Transform = Callable[["DataFrame"], "DataFrame"]
 Event = tuple["str | int | None", Any]
 #: A generator of realistic events for an app: (seed, start time in epoch ms) -> endless events.
 EventGenerator = Callable[[int, int], Iterator[Event]]
-ValueFormat = Literal["json", "string", "bytes"]
+ValueFormat = Literal["json", "avro", "string", "bytes"]
 KeyFormat = Literal["string", "long"]
 #: "auto": detected per topic from the keys' arrival partitions (see streaming.partitioner).
 Partitioner = Literal["auto", "murmur2", "consistent_random"]
@@ -60,7 +60,8 @@ class Topic:
     """An input topic: how its keys and values are encoded and where event time comes from."""
 
     name: str
-    schema: str | StructType | None = None
+    #: json: a Spark DDL string or StructType; avro: the Avro schema (an .avsc path, JSON text or a dict).
+    schema: str | StructType | Mapping[str, Any] | None = None
     value_format: ValueFormat = "json"
     key_format: KeyFormat = "string"
     event_time: str | None = None
@@ -76,8 +77,14 @@ class Topic:
     def __post_init__(self) -> None:
         if self.value_format == "json" and self.schema is None:
             raise DefinitionError(f"topic {self.name!r}: JSON values need a schema (Spark DDL or StructType)")
-        if self.value_format not in ("json", "string", "bytes"):
-            raise DefinitionError(f"topic {self.name!r}: value_format must be json, string or bytes")
+        if self.value_format not in ("json", "avro", "string", "bytes"):
+            raise DefinitionError(f"topic {self.name!r}: value_format must be json, avro, string or bytes")
+        if self.value_format == "avro":
+            from iqgraph.streaming.avro import load_avro_schema  # checks it now: a bad schema fails at load
+
+            if self.schema is None or not isinstance(self.schema, str | Mapping):
+                raise DefinitionError(f"topic {self.name!r}: Avro values need schema= an .avsc path, JSON or a dict")
+            load_avro_schema(self.schema, topic=self.name)
         if self.key_format not in ("string", "long"):
             raise DefinitionError(f"topic {self.name!r}: key_format must be string or long")
         if self.global_table and not self.table:
