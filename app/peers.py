@@ -1,6 +1,10 @@
 """The peer client: forwarded sub-requests to other nodes' GraphQL endpoints, over one httpx client.
 
-Each call is ONE GraphQL request to one peer (the documents and encodings are ``schema.wire``'s),
+Each call is ONE GraphQL request to one peer (the documents and encodings are ``schema.wire``'s), except
+point reads: the lookups of every store sent to one peer (with one Authorization) within the same two turns
+of the event loop go out together as ONE request, each an aliased ``_lookup`` (``wire.lookups``): an entity
+of five stores, or one depth of relations, costs one sub-request per peer, not one per store. Each lookup
+gets its own answer, or its own error.
 marked with the forwarded header (the peer answers from its own partitions only) and carrying the
 caller's Authorization header. Explicit timeouts and
 connection limits; keep-alive connections are reused across requests. Counts what it sends per peer,
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
@@ -50,6 +55,30 @@ class PeerObserver(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class _Lookup:
+    """One store's point reads waiting to go to a peer with the others of the same turn."""
+
+    store: str
+    reads: list[list[Any]]
+    answer: asyncio.Future[Any]
+
+
+def _settle(answer: asyncio.Future[Any], value: Any = None, error: BaseException | None = None) -> None:
+    if answer.done():  # its request was cancelled meanwhile
+        return
+    if error is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(value)
+
+
+def _peer_error(url: str, error: Mapping[str, Any]) -> PeerError:
+    extensions = error.get("extensions") or {}
+    message = error.get("message", "no answer")
+    return PeerError(f"peer {url}: {message}", str(extensions.get("code", "INTERNAL")), extensions)
+
+
 class PeerClient:
     """Send forwarded sub-requests to peers."""
 
@@ -68,6 +97,8 @@ class PeerClient:
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.sent: Counter[str] = Counter()
         self._clients: dict[int, httpx.AsyncClient] = {}
+        self._pending: dict[tuple[int, str, str | None], list[_Lookup]] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
 
     def _client(self) -> httpx.AsyncClient:
         loop = id(asyncio.get_running_loop())
@@ -78,6 +109,17 @@ class PeerClient:
 
     async def query(self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None) -> Any:
         """Return the data of one forwarded GraphQL request; raise PeerError / PeerUnavailableError."""
+        body = await self._observed(url, query, variables, authorization)
+        if body.get("errors"):
+            error = _peer_error(url, body["errors"][0])
+            if self.observer is not None:
+                self.observer.failed(url, error.code)
+            raise error
+        return body["data"]
+
+    async def _observed(
+        self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None
+    ) -> dict[str, Any]:
         self.sent[url] += 1
         if self.observer is None:
             return await self._send(url, query, variables, authorization)
@@ -88,7 +130,9 @@ class PeerClient:
             self.observer.failed(url, exc.code)
             raise
 
-    async def _send(self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None) -> Any:
+    async def _send(
+        self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None
+    ) -> dict[str, Any]:
         headers = {FORWARDED_HEADER: self.node_id}
         if authorization:
             headers["authorization"] = authorization
@@ -104,18 +148,56 @@ class PeerClient:
             body = response.json()
         except ValueError as exc:
             raise PeerUnavailableError(f"peer {url} answered something that is not JSON") from exc
-        if body.get("errors"):
-            error = body["errors"][0]
-            extensions = error.get("extensions") or {}
-            raise PeerError(f"peer {url}: {error.get('message')}", str(extensions.get("code", "INTERNAL")), extensions)
-        return body["data"]
+        if not isinstance(body, dict):
+            raise PeerUnavailableError(f"peer {url} answered JSON that is not a GraphQL response")
+        return body
 
     async def lookup(
         self, url: str, store: str, reads: Sequence[Read], windowed: bool, authorization: str | None
     ) -> Answer[list[Any]]:
-        """Return the peer's states of point reads of store (each read names its partitions)."""
-        data = await self.query(url, wire.LOOKUP, {"store": store, "reads": wire.encode_reads(reads)}, authorization)
-        return wire.decode_lookup(data["_lookup"], windowed)
+        """Return the peer's states of point reads of store (each read names its partitions).
+
+        Sent with the other lookups for the same peer made within two turns of the event loop, in one request.
+        """
+        loop = asyncio.get_running_loop()
+        key = (id(loop), url, authorization)
+        batch = self._pending.get(key)
+        if batch is None:
+            batch = self._pending[key] = []
+            # two turns: every DataLoader batch of this step starts (each in a task of its own) before it leaves
+            loop.call_soon(loop.call_soon, self._flush, key)
+        found: asyncio.Future[Any] = loop.create_future()
+        batch.append(_Lookup(store, wire.encode_reads(reads), found))
+        return wire.decode_lookup(await found, windowed)
+
+    def _flush(self, key: tuple[int, str, str | None]) -> None:
+        batch = self._pending.pop(key, [])
+        _, url, authorization = key
+        for start in range(0, len(batch), wire.MAX_LOOKUPS):
+            task = asyncio.ensure_future(
+                self._send_lookups(url, authorization, batch[start : start + wire.MAX_LOOKUPS])
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send_lookups(self, url: str, authorization: str | None, batch: list[_Lookup]) -> None:
+        variables, fields = wire.lookup_variables([(item.store, item.reads) for item in batch])
+        try:
+            body = await self._observed(url, wire.lookups(len(batch)), variables, authorization)
+        except Exception as exc:  # every waiting lookup hears why (PeerUnavailableError, mostly), none hangs
+            for item in batch:
+                _settle(item.answer, error=exc)
+            return
+        data = body.get("data") or {}
+        errors = {str((e.get("path") or ["?"])[0]): e for e in body.get("errors") or []}
+        for field, item in zip(fields, batch, strict=True):
+            if field in errors or data.get(field) is None:
+                error = _peer_error(url, errors.get(field) or (body.get("errors") or [{}])[0])
+                if self.observer is not None:
+                    self.observer.failed(url, error.code)
+                _settle(item.answer, error=error)
+            else:
+                _settle(item.answer, value=data[field])
 
     async def scan(
         self,

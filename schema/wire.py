@@ -40,6 +40,34 @@ NODE = (
 )
 
 
+#: Most lookups one forwarded request carries (each is an aliased field: the alias limit is 100).
+MAX_LOOKUPS = 50
+
+
+def lookups(count: int) -> str:
+    """Return the document of count point-read batches in ONE request: ``l<i>: _lookup(store: $s<i>, reads: $r<i>)``.
+
+    A request that reads several stores (an entity, a relation's depth) sends one sub-request per peer, not
+    one per store; ``lookup_variables`` fills it, and each answer is ``data["l<i>"]``.
+    """
+    if count == 1:
+        return LOOKUP
+    variables = ", ".join(f"$s{i}: String!, $r{i}: JSON!" for i in range(count))
+    fields = " ".join(f"l{i}: _lookup(store: $s{i}, reads: $r{i})" for i in range(count))
+    return f"query({variables}) {{ {fields} }}"
+
+
+def lookup_variables(batches: Sequence[tuple[str, list[list[Any]]]]) -> tuple[dict[str, Any], list[str]]:
+    """Return the variables of ``lookups(len(batches))`` for (store, encoded reads) batches, and each answer's field."""
+    if len(batches) == 1:
+        store, reads = batches[0]
+        return {"store": store, "reads": reads}, ["_lookup"]
+    variables: dict[str, Any] = {}
+    for i, (store, reads) in enumerate(batches):
+        variables[f"s{i}"], variables[f"r{i}"] = store, reads
+    return variables, [f"l{i}" for i in range(len(batches))]
+
+
 def encode_reads(reads: Sequence[Read]) -> list[list[Any]]:
     """Return point reads as JSON: [key, time_from, time_to, [partitions]]."""
     return [[key, lo, hi, list(partitions)] for (key, lo, hi), partitions in reads]
