@@ -1,4 +1,5 @@
-"""A node process for the crash test: run the shop pipeline until caught up, or SIGKILL itself midway.
+"""A node process for the crash test: run the shop (or, with --table, a table) pipeline until caught up, or
+SIGKILL itself midway.
 
 ``--crash before-write --at N`` kills the process just before the N-th partition WriteBatch is written,
 ``after-write`` just after it. Every write is announced on stdout (``WROTE n``) so that the parent can
@@ -19,6 +20,7 @@ from iqgraph.stores import StateDirectory
 from iqgraph.stores.partition import PartitionDB
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from iqgraph.streaming.session import build_spark_session
+from tests.streaming.test_tables import table_app
 
 
 def _arm(crash: str, at: int) -> None:
@@ -46,9 +48,10 @@ def main() -> int:
     parser.add_argument("--crash", choices=["none", "before-write", "after-write"], default="none")
     parser.add_argument("--at", type=int, default=1)
     parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--table", action="store_true", help="run the table app (tests.streaming.test_tables)")
     args = parser.parse_args()
     _arm(args.crash, args.at)
-    app = build_app(args.topic, args.partitions)
+    app = table_app(args.topic, args.partitions) if args.table else build_app(args.topic, args.partitions)
     spark = build_spark_session("local[2]", shuffle_partitions=2)
     settings = RunnerSettings(args.bootstrap, max_records_per_batch=args.batch)
     runner = StreamRunner(app, spark, StateDirectory(args.state, app.name), settings)

@@ -12,12 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from iqgraph.examples.shop import build_app
 from iqgraph.stores import PartitionState, StateDirectory
-from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.streaming.broker import EmbeddedBroker, produce
 from tests.conftest import MakeTopic
 from tests.streaming.readback import read_back
 from tests.streaming.test_pipeline import START_MS, assert_equal_to_ground_truth, send
+from tests.streaming.test_tables import changelog, table_app, truth
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
@@ -88,6 +91,38 @@ def test_sigkill_at_any_point_then_restart_gives_exactly_the_ground_truth(
         assert sum(s.db.next_offset() for s in partitions) == EVENTS
         actual: Any = read_back(app, partitions)
         assert_equal_to_ground_truth(app, actual, events)
+    finally:
+        for stores in partitions:
+            stores.close()
+
+
+def test_a_table_with_tombstones_through_sigkills_equals_its_last_change_per_key(
+    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(PARTITIONS, prefix="customers")
+    app = table_app(topic, PARTITIONS)
+    changes = changelog(5, 1_500, keys=120)
+    records = [(k.encode(), None if v is None else orjson.dumps(v), None) for k, v in changes]
+    produce(broker.bootstrap_servers, topic, records)
+    state = tmp_path / "state"
+    table = ("--table", "--batch", "200")
+    assert _run(broker, topic, state, *table, "--crash", "before-write", "--at", "2") == -signal.SIGKILL
+    assert _run(broker, topic, state, *table, "--crash", "after-write", "--at", "3") == -signal.SIGKILL
+    assert _run(broker, topic, state, *table) == 0
+
+    directory = StateDirectory(state, app.name)
+    partitions = [directory.open(topic, p, app.specs(topic)) for p in range(PARTITIONS)]
+    try:
+        found: dict[str, Any] = {}
+        counted = 0
+        for stores in partitions:
+            stores.db.set_state(PartitionState.RUNNING)
+            kv = stores.kv("customers")
+            found.update({k: {c: x for c, x in v.items() if x is not None} for k, v in kv.all(limit=10_000).items})
+            counted += kv.count()
+        assert sum(s.db.next_offset() for s in partitions) == len(changes)
+        assert found == truth(changes)
+        assert counted == len(found)
     finally:
         for stores in partitions:
             stores.close()
