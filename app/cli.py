@@ -17,6 +17,7 @@ from confluent_kafka import KafkaException
 from iqgraph.app.data_file import BadLine
 from iqgraph.app.loading import AppLoadError, load_app
 from iqgraph.app.settings import Settings, SettingsError, load_settings
+from iqgraph.schema import SchemaDefinitionError
 from iqgraph.stores import StoreError
 from iqgraph.streaming.definitions import App, DefinitionError
 
@@ -24,6 +25,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     AppLoadError,
     SettingsError,
     DefinitionError,
+    SchemaDefinitionError,
     StoreError,
     KafkaException,
 )

@@ -207,11 +207,12 @@ class DevRun:
     def _produce_generated(self) -> None:
         assert self.app.generator is not None  # noqa: S101 - checked by the caller
         start_ms = int(time.time() * 1000) - HISTORY * 20
-        topic = self.app.topics[0].name
         events = self.app.generator(7, start_ms)
-        self.samples = [(topic, key, value) for (key, value), _ in zip(events, range(SAMPLES), strict=False)]
+        addressed = (self.app.addressed(event) for event, _ in zip(events, range(SAMPLES), strict=False))
+        self.samples = [(topic.name, key, value) for topic, key, value in addressed]
         produce_events(self.app, self._config(), count=HISTORY, rate=None, seed=7, start_ms=start_ms)
-        self.say(f"produced {HISTORY} generated events into {topic!r}; {self.options.rate:g}/s more once serving")
+        into = ", ".join(repr(t.name) for t in self.app.topics)
+        self.say(f"produced {HISTORY} generated events into {into}; {self.options.rate:g}/s more once serving")
         self.feed = threading.Thread(target=self._produce_forever, name="dev-producer", daemon=True)
 
     def _produce_forever(self) -> None:

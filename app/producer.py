@@ -46,7 +46,6 @@ def produce_events(
     """Produce count events (None: until stop is set) at about rate per second (None: as fast as possible)."""
     if app.generator is None:
         raise DefinitionError(f"app {app.name!r} has no event generator to produce from")
-    topic = app.topics[0]
     producer = Producer(dict(config), logger=log)
     failures: list[KafkaError] = []
     delivered = _on_delivery(failures)
@@ -54,11 +53,12 @@ def produce_events(
     started = time.monotonic()
     sent = 0
     try:
-        for key, value in itertools.islice(events, count):
+        for event in itertools.islice(events, count):
             if stop is not None and stop.is_set():
                 break
+            topic, key, value = app.addressed(event)
             raw_key = None if key is None else serialize_key(key, topic.key_format)
-            _send(producer, topic.name, raw_key, orjson.dumps(value), delivered)
+            _send(producer, topic.name, raw_key, None if value is None else orjson.dumps(value), delivered)
             sent += 1
             if rate:
                 ahead = sent / rate - (time.monotonic() - started)

@@ -1,7 +1,11 @@
-"""The shop example: orders keyed by customer.
+"""The shop example: orders keyed by customer, and a products table every node holds.
 
 Stores: order count, total / average / largest / smallest spend and the latest order per customer,
-orders per customer per minute, and a bloom filter of the items sold.
+orders per customer per minute, and a bloom filter of the items sold. With a products topic (the module's
+``app`` has one): the store ``catalog`` of the ``products`` topic, a global table (every node consumes all
+of it) keyed by item, the ``Product`` entity over it (``product(key:)``, ``products(keys:)``), and
+``latestOrder { get(key:) { item product { name price } } }``, a relation from each order's item to its
+product.
 """
 
 from __future__ import annotations
@@ -9,11 +13,14 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections.abc import Iterator
+from functools import partial
 
 from iqgraph.streaming.definitions import (
     App,
+    Entity,
     Event,
     KafkaSettings,
+    Relation,
     Topic,
     avg,
     bloom_store,
@@ -24,12 +31,14 @@ from iqgraph.streaming.definitions import (
     max_,
     min_,
     sum_,
+    table_store,
     tumbling,
     window_store,
 )
 
 ORDER_SCHEMA = "order_id STRING, customer STRING, item STRING, quantity INT, amount DOUBLE, ts TIMESTAMP"
 ITEMS = ["widget", "gadget", "gizmo", "doohickey", "sprocket", "flange", "grommet", "bracket", "lever", "spring"]
+PRODUCT_SCHEMA = "name STRING, price DOUBLE, category STRING"
 CUSTOMERS = 500
 LATE_EVERY = 200  # one order in LATE_EVERY arrives two minutes late
 
@@ -60,12 +69,38 @@ def generate_orders(seed: int, start_ms: int) -> Iterator[Event]:
         yield customer, order
 
 
-def build_app(topic: str = "orders", partitions: int = 6, kafka: KafkaSettings | None = None) -> App:
-    """Return the shop app reading orders from topic (tests give each run a topic of its own)."""
+def product(item: str) -> dict[str, object]:
+    """Return the product record of item (the same every time: the catalogue is fixed)."""
+    rng = random.Random(item)
+    return {"name": item.title(), "price": round(rng.uniform(2.0, 80.0), 2), "category": rng.choice(["tools", "parts"])}
+
+
+def generate_shop(seed: int, start_ms: int, products: str = "products") -> Iterator[Event]:
+    """Yield the product catalogue (to the products topic), then orders forever."""
+    for item in ITEMS:
+        yield products, item, product(item)
+    yield from generate_orders(seed, start_ms)
+
+
+def build_app(
+    topic: str = "orders", partitions: int = 6, kafka: KafkaSettings | None = None, products: str | None = None
+) -> App:
+    """Return the shop app reading orders from topic (tests give each run a topic of its own).
+
+    products: the topic of a global products table (None: no products, as most tests run it).
+    """
+    catalogue = products is not None
     return App(
         name="shop",
         description="A shop: orders keyed by customer",
-        topics=[Topic(topic, schema=ORDER_SCHEMA, event_time="ts", partitions=partitions)],
+        topics=[
+            Topic(topic, schema=ORDER_SCHEMA, event_time="ts", partitions=partitions),
+            *(
+                [Topic(products, schema=PRODUCT_SCHEMA, partitions=2, table=True, global_table=True)]
+                if products
+                else []
+            ),
+        ],
         stores=[
             key_value_store("order_count", topic, count(), description="Number of orders per customer"),
             key_value_store("total_spend", topic, sum_("amount"), description="Total spend per customer"),
@@ -73,7 +108,13 @@ def build_app(topic: str = "orders", partitions: int = 6, kafka: KafkaSettings |
             key_value_store("average_order", topic, avg("amount"), description="Average order value per customer"),
             key_value_store("largest_order", topic, max_("amount"), description="Largest order value per customer"),
             key_value_store("smallest_order", topic, min_("amount"), description="Smallest order per customer"),
-            key_value_store("latest_order", topic, latest(), description="The latest order of each customer"),
+            key_value_store(
+                "latest_order",
+                topic,
+                latest(),
+                description="The latest order of each customer",
+                relations=[Relation("product", "Product", column="item")] if catalogue else [],
+            ),
             window_store(
                 "orders_per_minute",
                 topic,
@@ -89,10 +130,16 @@ def build_app(topic: str = "orders", partitions: int = 6, kafka: KafkaSettings |
                 description="Spend per customer over two minutes, every minute",
             ),
             bloom_store("items_sold", topic, key="item", description="Has this item ever been sold?"),
+            *(
+                [table_store("catalog", products, description="The product catalogue, on every node")]
+                if products
+                else []
+            ),
         ],
+        entities=[Entity("Product", stores=["catalog"], table="catalog")] if catalogue else [],
         kafka=kafka or KafkaSettings(),
-        generator=generate_orders,
+        generator=partial(generate_shop, products=products) if products else generate_orders,
     )
 
 
-app = build_app()
+app = build_app(products="products")

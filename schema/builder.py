@@ -21,6 +21,18 @@ bloom store fields          ``mightContain(key)``, ``mightContainMany(keys)``, `
 keys                        ``String`` (string keys) or ``Long`` (integer keys)
 values                      see schema.value_types: a struct is the object type ``LatestOrder``
 metadata                    ``stores``, ``node``, ``nodes``, ``keyMetadata(store, key)``
+entity type                 the entity's name: ``Customer { key, <table columns>, <one field per
+                            other store> }``; a store's field is its name in camelCase:
+                            key-value → its value (``orderCount: Long``), window →
+                            ``ordersPerMinute(from, to): [OrdersPerMinuteWindow!]``, bloom →
+                            ``Boolean`` (mightContain) (schema.entities)
+entity root fields          ``customer(key, maxLag)``, ``<plural>(keys, maxLag)`` (plural: the
+                            entity's, default ``customers``), ``<plural>Page(first, after,
+                            maxLag)`` → ``CustomerConnection`` / ``CustomerEdge``
+relation fields             ``Relation("product", "Product", column="item")``: ``product(maxLag):
+                            Product`` after ``item`` in the value type (instead of the column if
+                            named like it); no column: on ``<Base>Entry`` / ``<Base>Window``,
+                            following the key (schema.relations)
 ==========================  ===============================================================
 
 Fields that read stores are nullable, so a failure (an error in ``errors`` with its path) nulls only
@@ -28,12 +40,16 @@ that field, or that key's item in ``getMany`` / ``mightContainMany``; the rest o
 
 Type names are unique within a schema: should two names meet, the later gets a numeric suffix (the
 stores' own types are named first, in store order, then value types). Store names whose camelCase
-collides with another store's or with a metadata field are refused with SchemaDefinitionError.
+collides with another store's or with a metadata field are refused with SchemaDefinitionError, and so
+are an entity whose type names (``Customer``, ``CustomerEdge``, ``CustomerConnection``) a store's types
+have already, an entity root field another root field is (the message suggests ``plural=``), and
+relations to no entity or to no column (each error one line, naming what to rename). Without entities
+the schema is exactly what it was before entities existed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import strawberry
@@ -46,7 +62,15 @@ from iqgraph.schema.bloom_fields import bloom_type
 from iqgraph.schema.compiled import CompiledQueries, RequestMetrics, run_compiled
 from iqgraph.schema.context import Context
 from iqgraph.schema.dynamic import Arg, Field, object_type, resolved_field, resolver_with
-from iqgraph.schema.errors import ErrorCodes, in_document_order, invalid_argument, log_errors, with_codes
+from iqgraph.schema.entities import entity_root_fields, entity_targets, plan_entities
+from iqgraph.schema.entity_type import entity_type
+from iqgraph.schema.errors import (
+    ErrorCodes,
+    SchemaDefinitionError,
+    in_document_order,
+    log_errors,
+    with_codes,
+)
 from iqgraph.schema.internal import internal_fields
 from iqgraph.schema.keys import key_kind
 from iqgraph.schema.kv_fields import key_value_type
@@ -54,12 +78,13 @@ from iqgraph.schema.limits import Limits
 from iqgraph.schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fields
 from iqgraph.schema.metrics import GraphQLMetrics, MetricsExtension
 from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
+from iqgraph.schema.relations import Target, entry_fields, value_links
 from iqgraph.schema.reports import ClusterReports
-from iqgraph.schema.resolving import StorePlan, StoreScope
+from iqgraph.schema.resolving import MAX_LAG, StorePlan, StoreScope, checked_bound
 from iqgraph.schema.scalars import SCALARS, Long
-from iqgraph.schema.types import StoreInfo
-from iqgraph.schema.value_types import ValueTypes
-from iqgraph.schema.window_fields import window_type
+from iqgraph.schema.types import EntityInfo, StoreInfo
+from iqgraph.schema.value_types import LinkError, ValueTypes
+from iqgraph.schema.window_fields import WindowNode, window_node, window_type
 
 DEFAULT_CACHE_SIZE = 1024
 RESERVED_TYPES = {
@@ -84,16 +109,6 @@ _BUILDERS: dict[str, Callable[[StorePlan], type]] = {
     "window": window_type,
     "bloom": bloom_type,
 }
-
-
-_MAX_LAG = (
-    "Bounded staleness: a standby copy may answer (when the active node cannot) only if it is at most this many "
-    "records behind; none: the request's extensions.maxLag, else the node's --max-lag. 0: only up-to-date copies."
-)
-
-
-class SchemaDefinitionError(ValueError):
-    """Stores that cannot be turned into a schema; the message says what to rename."""
 
 
 class IqGraphSchema(strawberry.Schema):
@@ -175,9 +190,18 @@ def _root_field(store: StoreInfo) -> str:
     return field
 
 
-def plan_stores(stores: Sequence[StoreInfo], limits: Limits) -> dict[str, StorePlan]:
-    """Return the plan of each store: root field, type names, key and value types, in store order."""
-    names = TypeNames(RESERVED_TYPES)
+def plan_stores(
+    stores: Sequence[StoreInfo],
+    limits: Limits,
+    targets: Mapping[str, Target] | None = None,
+    names: TypeNames | None = None,
+) -> dict[str, StorePlan]:
+    """Return the plan of each store: root field, type names, key and value types, in store order.
+
+    targets: the entities relations may lead to; names: the type names given out (a new registry if none).
+    """
+    names = names or TypeNames(RESERVED_TYPES)
+    targets = targets or {}
     fields: dict[str, str] = {}
     reserved: dict[str, tuple[str, str, str, str]] = {}
     for store in stores:
@@ -194,41 +218,68 @@ def plan_stores(stores: Sequence[StoreInfo], limits: Limits) -> dict[str, StoreP
     plans: dict[str, StorePlan] = {}
     for store in stores:
         about = f"A value of store {store.name}" + (f": {store.description}" if store.description else ".")
-        value = values.of(store.value_type, pascal_case(store.name), about)
+        try:
+            value = values.of(store.value_type, pascal_case(store.name), about, value_links(store, targets))
+        except LinkError as exc:
+            raise SchemaDefinitionError(str(exc)) from None
         plans[store.name] = StorePlan(
-            store, fields[store.name], *reserved[store.name], key_kind(store.key_type), value, limits
+            store,
+            fields[store.name],
+            *reserved[store.name],
+            key_kind(store.key_type),
+            value,
+            limits,
+            entry_fields(store, targets),
         )
     return plans
 
 
-def _store_field(plan: StorePlan) -> Field:
-    store_type = _BUILDERS[plan.info.kind](plan)
+def _store_field(plan: StorePlan, windows: Mapping[str, WindowNode]) -> Field:
+    made = windows.get(plan.name)
+    store_type = window_type(plan, made) if made is not None else _BUILDERS[plan.info.kind](plan)
     default = StoreScope()
 
     def resolve(root: Any, info: strawberry.Info, max_lag: Long | None = None) -> Any:
-        if max_lag is None:
-            return default
-        if max_lag < 0:
-            raise invalid_argument("maxLag", f"must be a number of records >= 0, got {max_lag}")
-        return StoreScope(int(max_lag))
+        bound = checked_bound(max_lag)
+        return default if bound is None else StoreScope(bound)
 
     description = plan.info.description or f"The {plan.info.kind.replace('_', '-')} store {plan.name}."
     return resolved_field(
-        plan.field, resolver_with(resolve, [Arg("max_lag", "maxLag", Long | None, _MAX_LAG)], store_type), description
+        plan.field, resolver_with(resolve, [Arg("max_lag", "maxLag", Long | None, MAX_LAG)], store_type), description
     )
+
+
+def _entity_fields(
+    entities: Sequence[EntityInfo],
+    plans: Mapping[str, StorePlan],
+    targets: Mapping[str, Target],
+    names: TypeNames,
+    windows: Mapping[str, WindowNode],
+) -> list[Field]:
+    """Return the root fields of every entity (making its type, which relations lead to)."""
+    taken = {p.field: f"store {name!r}" for name, p in plans.items()}
+    taken.update({field: "the metadata" for field in METADATA_FIELDS})
+    fields: list[Field] = []
+    for plan in plan_entities(entities, plans, targets, names, taken):
+        fields += entity_root_fields(plan, *entity_type(plan, windows, targets))
+    return fields
 
 
 def build_schema(
     stores: Sequence[StoreInfo],
     limits: Limits | None = None,
     *,
+    entities: Sequence[EntityInfo] = (),
     description: str | None = None,
     cache_size: int = DEFAULT_CACHE_SIZE,
     metrics: GraphQLMetrics | None = None,
     extensions: Sequence[Callable[[], SchemaExtension]] = (),
     compiled: bool = True,
 ) -> strawberry.Schema:
-    """Return the schema in which every store is a typed root field, next to the metadata fields.
+    """Return the schema in which every store and every entity is a typed root field, next to the metadata fields.
+
+    entities: key spaces whose stores compose into one type each (schema.entities), and the targets of the
+    stores' relations (schema.relations).
 
     limits sets the documented defaults (page size) and the alias limit; the request context (see
     context_getter) enforces the rest, so give both the same Limits. The parser and validation
@@ -237,8 +288,17 @@ def build_schema(
     over store fields run as compiled plans (schema.compiled) unless extensions are given.
     """
     settled = limits or Limits()
-    plans = plan_stores(stores, settled)
-    fields = [*(_store_field(p) for p in plans.values()), *metadata_fields(plans), *internal_fields()]
+    names = TypeNames(RESERVED_TYPES)
+    targets = entity_targets(entities)
+    plans = plan_stores(stores, settled, targets, names)
+    windows = {name: window_node(p) for name, p in plans.items() if p.info.kind == "window"}
+    entity_fields = _entity_fields(entities, plans, targets, names, windows)
+    fields = [
+        *(_store_field(p, windows) for p in plans.values()),
+        *entity_fields,
+        *metadata_fields(plans),
+        *internal_fields(),
+    ]
     query = object_type("Query", fields, description)
     alias_rule = settled.alias_rule()  # one class for every request, so the validation cache hits
     installed: list[Callable[[], SchemaExtension]] = [
@@ -254,7 +314,7 @@ def build_schema(
         installed.insert(0, lambda: MetricsExtension(metrics, store_fields, frozenset(plans)))
     schema = IqGraphSchema(query=query, extensions=installed, config=StrawberryConfig(scalar_map=SCALARS))
     if compiled and not extensions:  # another extension would not see compiled requests
-        roots = {*store_fields, *METADATA_FIELDS}
+        roots = {*store_fields, *METADATA_FIELDS, *(f.name for f in entity_fields)}
         schema.compiled = CompiledQueries(schema._schema, roots, [alias_rule], cache_size)
         schema.request_metrics = None if metrics is None else RequestMetrics(metrics, store_fields, frozenset(plans))
     return schema

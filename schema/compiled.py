@@ -9,9 +9,10 @@ the variables, runs every field of a level at once (so the per-request DataLoade
 of the request, per store, per partition, per peer), completes values and collects errors located as
 graphql-core locates them (message, locations, path, extensions).
 
-What a plan covers: a query operation whose root fields are store fields (``orderCount(maxLag:) {…}``) or
-metadata fields (``stores``, ``node``, ``nodes``, ``keyMetadata``), everything under them (point reads,
-counts, connections of scans, value objects), ``__typename``, aliases and variables. Anything else —
+What a plan covers: a query operation whose root fields are store fields (``orderCount(maxLag:) {…}``),
+entity fields (``customer(key:)``, ``customers(keys:)``, ``customersPage``) or metadata fields
+(``stores``, ``node``, ``nodes``, ``keyMetadata``), everything under them (point reads, counts,
+connections of scans, value objects, entities and relations), ``__typename``, aliases and variables. Anything else —
 introspection, the internal fields peers call, fragments, directives, two fields under one response name,
 a document that does not validate, variables that do not coerce — gets no plan, and ``IqGraphSchema``
 runs it on Strawberry/graphql-core as before: a plan answers only what it can answer with the same
@@ -30,6 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import GeneratorType
 from typing import TYPE_CHECKING, Any
 
 from graphql import (
@@ -76,14 +78,31 @@ Path = tuple[str | int, ...]
 class _Info:
     """What a resolver a plan calls gets as its info: the request context, and nothing else.
 
-    Every resolver of the schema reads only ``info.context`` (schema.resolving.context); a resolver that
-    needs more of graphql-core's info must keep its field out of plans (raise _Unsupported for it).
+    Every resolver of the schema reads only ``info.context`` (schema.resolving.context), but those marked
+    ``reads_ahead``, which get a _SelectionInfo; a resolver that needs more of graphql-core's info must keep
+    its field out of plans (raise _Unsupported for it).
     """
 
     __slots__ = ("context",)
 
     def __init__(self, context: Context) -> None:
         self.context = context
+
+
+class _SelectionInfo:
+    """The info of a resolver that reads ahead (schema.selection.reads_ahead): the context and its selection.
+
+    It has what ``schema.selection.subfields`` reads of graphql-core's info; a plan has no fragments.
+    """
+
+    __slots__ = ("context", "field_nodes", "return_type", "variable_values")
+    fragments: Mapping[str, Any] = {}
+
+    def __init__(self, context: Context, node: FieldNode, return_type: GraphQLOutputType, variables: Any) -> None:
+        self.context = context
+        self.field_nodes = [node]
+        self.return_type = return_type
+        self.variable_values = variables
 
 
 class _Unsupported(Exception):
@@ -178,7 +197,7 @@ class CompiledQuery:
         run = _Run(_Info(context), variables)
         try:
             found = _execute_fields(self.root_fields, None, (), errors, run)
-            data = await found if inspect.isawaitable(found) else found
+            data = await found if _is_awaitable(found) else found
         except GraphQLError as error:  # a non-null root field failed: no data
             errors.add(error, ())
             data = None
@@ -255,7 +274,19 @@ def _call(definition: Any, node: FieldNode, fn: Callable[..., Any], arguments: A
             kwargs = {python_names[k]: v for k, v in get_argument_values(definition, node, run.variables).items()}
         return fn(source, run.info, **kwargs)
 
-    return resolve
+    def resolve_without_arguments(source: Any, run: _Run) -> Any:  # most fields of value objects and entities
+        return fn(source, run.info)
+
+    if not getattr(fn, "reads_ahead", False):
+        return resolve_without_arguments if fixed == {} else resolve
+
+    def resolve_with_selection(source: Any, run: _Run) -> Any:
+        kwargs = fixed
+        if kwargs is None:
+            kwargs = {python_names[k]: v for k, v in get_argument_values(definition, node, run.variables).items()}
+        return fn(source, _SelectionInfo(run.info.context, node, definition.type, run.variables), **kwargs)
+
+    return resolve_with_selection
 
 
 def _has_variable(value: Any) -> bool:
@@ -278,7 +309,7 @@ def _completer(kind: GraphQLOutputType, node: FieldNode, parent: GraphQLObjectTy
 
         def non_null(value: Any, path: Path, errors: _Errors, run: _Run) -> Any:
             completed = inner(value, path, errors, run)
-            if inspect.isawaitable(completed):
+            if _is_awaitable(completed):
                 return _non_null_later(completed, message)
             if completed is None:
                 raise TypeError(message)
@@ -331,6 +362,18 @@ def _completer(kind: GraphQLOutputType, node: FieldNode, parent: GraphQLObjectTy
 
 
 _TYPENAME = GraphQLNonNull(GraphQLString)
+_AWAITABLE_TYPES: dict[type, bool] = {}  # whether values of a type are awaitable: a property of the type
+
+
+def _is_awaitable(value: Any) -> bool:
+    """Return inspect.isawaitable(value), looked up by type (its Awaitable check costs on every field)."""
+    kind = type(value)
+    known = _AWAITABLE_TYPES.get(kind)
+    if known is None:
+        if kind is GeneratorType:  # a generator-based coroutine is awaitable by its flags, not its type
+            return inspect.isawaitable(value)
+        known = _AWAITABLE_TYPES[kind] = inspect.isawaitable(value)
+    return known
 
 
 def _as_is(value: Any, _path: Path, _errors: _Errors, _run: _Run) -> Any:
@@ -358,7 +401,7 @@ def _execute_fields(fields: list[_Field], source: Any, path: Path, errors: _Erro
         except GraphQLError:  # a non-null field failed: this object is null, its other fields never run
             _settle_in_background(aw for _, aw in pending)
             raise
-        if inspect.isawaitable(value):
+        if _is_awaitable(value):
             pending.append((field.response_name, value))
             results[field.response_name] = None
         else:
@@ -386,7 +429,14 @@ def _settled(future: asyncio.Future[Any]) -> None:
 
 
 async def _gather_at(container: Any, pending: list[tuple[Any, Awaitable[Any]]]) -> Any:
-    """Return container (a dict or list) with each pending (place, awaitable) awaited, concurrently, in place."""
+    """Return container (a dict or list) with each pending (place, awaitable) awaited, concurrently, in place.
+
+    A lone awaitable is awaited in place: nothing runs beside it, so a task of its own would only cost.
+    """
+    if len(pending) == 1:
+        place, awaitable = pending[0]
+        container[place] = await awaitable
+        return container
     values = await asyncio.gather(*(value for _, value in pending))
     for (place, _), value in zip(pending, values, strict=True):
         container[place] = value
@@ -396,10 +446,10 @@ async def _gather_at(container: Any, pending: list[tuple[Any, Awaitable[Any]]]) 
 def _execute_field(field: _Field, source: Any, path: Path, errors: _Errors, run: _Run) -> Any:
     try:
         value = field.resolve(source, run)
-        if inspect.isawaitable(value):
+        if _is_awaitable(value):
             return _complete_later(field, value, path, errors, run)
         completed = field.complete(value, path, errors, run)
-        if inspect.isawaitable(completed):
+        if _is_awaitable(completed):
             return _await_completed(field, completed, path, errors)
         return completed
     except Exception as raw:  # noqa: BLE001 - a field's failure is its error, as in graphql-core
@@ -409,7 +459,7 @@ def _execute_field(field: _Field, source: Any, path: Path, errors: _Errors, run:
 async def _complete_later(field: _Field, value: Awaitable[Any], path: Path, errors: _Errors, run: _Run) -> Any:
     try:
         completed = field.complete(await value, path, errors, run)
-        if inspect.isawaitable(completed):
+        if _is_awaitable(completed):
             completed = await completed
         return completed
     except Exception as raw:  # noqa: BLE001 - a field's failure is its error, as in graphql-core
@@ -447,7 +497,7 @@ def _complete_items(
             except GraphQLError:  # a non-null item failed: the list is null, its other items never complete
                 _settle_in_background(aw for _, aw in pending)
                 raise
-        if inspect.isawaitable(done):
+        if _is_awaitable(done):
             pending.append((index, _item_later(done, item_type, node, item_path, errors)))
         completed.append(done)
     if not pending:

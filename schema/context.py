@@ -1,4 +1,4 @@
-"""The request context: the request's StoreQueries, its reports, the limits, and its own DataLoaders."""
+"""The request context: the request's StoreQueries, its reports, the limits, its own DataLoaders and entity batches."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from iqgraph.schema.batches import OpenBatches
 from iqgraph.schema.limits import Limits
 from iqgraph.schema.loaders import Loaders
 from iqgraph.schema.reports import Reports
@@ -26,12 +27,14 @@ class Context:
     limits: Limits
     reports: Reports = field(default_factory=Reports)
     loaders: Loaders = field(init=False)
+    entities: OpenBatches = field(init=False)  # relation targets gathered per entity and bound
     request: Any = None
     response: Any = None
     local: PeerQueries | None = None  # answers forwarded sub-requests (the internal _ fields)
 
     def __post_init__(self) -> None:
         self.loaders = Loaders(self.queries)
+        self.entities = OpenBatches()
 
 
 ContextGetter = Callable[..., Context]

@@ -3,7 +3,8 @@
 Strawberry reads a type from a class's annotations and a resolver's arguments from its signature, so
 both are built here with real annotation objects (never strings to evaluate). Python attribute names
 of generated types are positional (``f0``, ``f1``…); the GraphQL names are given explicitly, so any
-column name works.
+column name works. Types that refer to each other (a relation's entity has the value type that relates
+to it as a field) are tied with ``Later``: a reference made before its type, set once the type exists.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Annotated, Any, Optional
 
 import strawberry
 from strawberry.types.field import StrawberryField
+from strawberry.types.lazy_type import LazyType
+from strawberry.types.private import StrawberryPrivate
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,19 @@ def resolved_field(name: str, resolver: Callable[..., Any], description: str | N
     return Field(name, annotation, strawberry.field(resolver=resolver, name=name, description=description))
 
 
-def object_type(name: str, fields: Sequence[Field], description: str | None = None) -> type:
-    """Return a new Strawberry object type called name with fields, in order."""
+def object_type(
+    name: str, fields: Sequence[Field], description: str | None = None, private: Sequence[str] = ()
+) -> type:
+    """Return a new Strawberry object type called name with fields, in order.
+
+    private: attributes its objects carry besides the data fields, never shown (keyword arguments too).
+    """
     namespace: dict[str, Any] = {"__annotations__": {}, "__module__": __name__, "__doc__": description}
     for i, field in enumerate(fields):
         namespace["__annotations__"][f"f{i}"] = field.annotation
         namespace[f"f{i}"] = field.field
+    for attribute in private:
+        namespace["__annotations__"][attribute] = Annotated[Any, StrawberryPrivate()]
     cls = type(name, (), namespace)
     return strawberry.type(cls, name=name, description=description)
 
@@ -86,3 +96,26 @@ def list_of(item: Any) -> Any:
 def optional(item: Any) -> Any:
     """Return the annotation ``Optional[item]`` (a nullable GraphQL type) for a run-time type."""
     return Optional[item]  # noqa: UP045
+
+
+class Later(LazyType):
+    """A reference to a generated type made before the type itself; ``set`` it before the schema is made."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, __name__)
+        object.__setattr__(self, "target", None)
+
+    def set(self, target: type) -> None:
+        """Make the reference point at target."""
+        object.__setattr__(self, "target", target)
+
+    def resolve_type(self) -> type[Any]:
+        """Return the type referred to (Strawberry asks while it makes the schema)."""
+        target: type | None = self.__dict__["target"]
+        if target is None:
+            raise TypeError(f"type {self.type_name} was referred to but never made")
+        return target
+
+    # One reference per type made: two are equal only when they are the same object.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__

@@ -28,6 +28,9 @@ or ``GRAPHQL_VALIDATION_FAILED`` (unknown field, wrong argument type, bad variab
 exception raised while resolving becomes ``{"message": "Internal error…", "extensions": {"code":
 "INTERNAL"}}``: no message, no traceback reaches the client; the original is logged with its traceback.
 A StoreQueries implementation may raise ApiError itself (the routing core's codes): it passes through.
+
+Building a schema fails with ``SchemaDefinitionError`` (a ValueError, never a GraphQL error): one line
+naming what to rename.
 """
 
 from __future__ import annotations
@@ -81,6 +84,10 @@ _CODES: tuple[tuple[type[StoreError], str], ...] = (
     (InvalidCursorError, INVALID_CURSOR),
     (ValueFormatError, VALUE_FORMAT_ERROR),
 )
+
+
+class SchemaDefinitionError(ValueError):
+    """Stores (entities, relations) that cannot be turned into a schema; the message says what to rename."""
 
 
 class ApiError(GraphQLError):

@@ -26,7 +26,11 @@ def key_value_type(plan: StorePlan) -> type:
     value_annotation, convert = plan.value.nullable()
     entry = object_type(
         plan.node_name,
-        [data_field("key", plan.key.annotation, "The key."), data_field("value", value_annotation, "Its value.")],
+        [
+            data_field("key", plan.key.annotation, "The key."),
+            data_field("value", value_annotation, "Its value."),
+            *plan.entry_fields,
+        ],
         f"A key of {plan.label()} and its value.",
     )
     connection = ConnectionType(

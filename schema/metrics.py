@@ -21,9 +21,7 @@ from typing import TYPE_CHECKING, Any
 from graphql import (
     FieldNode,
     FragmentDefinitionNode,
-    FragmentSpreadNode,
     GraphQLError,
-    InlineFragmentNode,
     StringValueNode,
     VariableNode,
 )
@@ -33,9 +31,10 @@ from strawberry.extensions import SchemaExtension
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 
 from iqgraph.schema.errors import BAD_REQUEST, with_codes
+from iqgraph.schema.selection import selected_fields
 
 if TYPE_CHECKING:
-    from graphql import DocumentNode, SelectionSetNode
+    from graphql import DocumentNode
     from prometheus_client import Counter, Histogram
 
 _CODE = re.compile(r"[A-Z][A-Z0-9_]{0,47}")
@@ -81,29 +80,13 @@ class GraphQLMetrics:
         self.keys_per_lookup.labels(store).observe(keys)
 
 
-def _root_fields(
-    selections: SelectionSetNode, fragments: Mapping[str, FragmentDefinitionNode], seen: set[str] | None = None
-) -> Iterator[FieldNode]:
-    seen = set() if seen is None else seen
-    for selection in selections.selections:
-        if isinstance(selection, FieldNode):
-            yield selection
-        elif isinstance(selection, InlineFragmentNode):
-            yield from _root_fields(selection.selection_set, fragments, seen)
-        elif isinstance(selection, FragmentSpreadNode) and selection.name.value not in seen:
-            seen.add(selection.name.value)
-            fragment = fragments.get(selection.name.value)
-            if fragment is not None:
-                yield from _root_fields(fragment.selection_set, fragments, seen)
-
-
 def root_fields(document: DocumentNode, operation_name: str | None) -> list[FieldNode]:
     """Return the root field nodes of the operation to run (fragments followed), in document order."""
     operation = get_operation_ast(document, operation_name)
     if operation is None:
         return []
     fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
-    return list(_root_fields(operation.selection_set, fragments))
+    return list(selected_fields(operation.selection_set, fragments))
 
 
 class MetricsExtension(SchemaExtension):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -153,4 +153,9 @@ class ConnectionType:
     def make(self, page: Slice[Any], node: Callable[[Any], Any]) -> Any:
         """Return the connection object of a page, each item made into a node by node(item)."""
         edges = [self.edge(f0=cursor, f1=node(item)) for cursor, item in page.edges]
+        return self.type(f0=edges, f1=page.page_info)
+
+    def of_nodes(self, page: Slice[Any], nodes: Sequence[Any]) -> Any:
+        """Return the connection object of a page whose items are made into nodes already (in edge order)."""
+        edges = [self.edge(f0=cursor, f1=node) for (cursor, _), node in zip(page.edges, nodes, strict=True)]
         return self.type(f0=edges, f1=page.page_info)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aiodataloader import DataLoader
 
-from iqgraph.schema.errors import api_error, store_errors
+from iqgraph.schema.errors import api_error, invalid_argument, store_errors
 from iqgraph.schema.keys import KeyKind
 from iqgraph.schema.limits import Limits
 from iqgraph.schema.value_types import ValueType
@@ -18,7 +18,13 @@ if TYPE_CHECKING:
     import strawberry
 
     from iqgraph.schema.context import Context
+    from iqgraph.schema.dynamic import Field
     from iqgraph.schema.types import StoreInfo, StoreQueries
+
+MAX_LAG = (
+    "Bounded staleness: a standby copy may answer (when the active node cannot) only if it is at most this many "
+    "records behind; none: the request's extensions.maxLag, else the node's --max-lag. 0: only up-to-date copies."
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class StorePlan:
     key: KeyKind
     value: ValueType
     limits: Limits
+    entry_fields: tuple[Field, ...] = ()  # relations from the keys: fields of <Base>Entry / <Base>Window
 
     @property
     def name(self) -> str:
@@ -50,6 +57,13 @@ class StoreScope:
     """What a store's root field hands its fields: the staleness bound its ``maxLag`` gave (None: default)."""
 
     max_lag: int | None = None
+
+
+def checked_bound(max_lag: int | None) -> int | None:
+    """Return a field's maxLag argument as a staleness bound; INVALID_ARGUMENT if it is negative."""
+    if max_lag is not None and max_lag < 0:
+        raise invalid_argument("maxLag", f"must be a number of records >= 0, got {max_lag}")
+    return None if max_lag is None else int(max_lag)
 
 
 def bound(root: Any) -> int | None:

@@ -20,7 +20,9 @@ anything else             ``JSON``
 ========================  =============================================================
 
 Struct fields are nullable as Spark declares them; column names become camelCase field names, with a
-column's ``comment`` metadata as the field's description. Stores hand back what their codec stores:
+column's ``comment`` metadata as the field's description. A store's value struct may carry ``Link``s:
+fields computed from a column's stored value (relations, schema.relations), after the column or instead
+of it; its objects keep that stored value in a private attribute. Stores hand back what their codec stores:
 JSON values, with timestamps as ISO strings (or epoch milliseconds), decimals as numbers or strings,
 maps as objects (string keys) or lists of [key, value] pairs; a value that does not fit its declared
 type raises ValueFormatError rather than being guessed at.
@@ -70,12 +72,57 @@ _EPOCH_DAY = dt.date(1970, 1, 1)
 
 
 @dataclass(frozen=True)
+class Column:
+    """One column of a struct: its field (GraphQL name, annotation, description) and how to read it from a row."""
+
+    name: str  # the column's name
+    field: str  # its GraphQL field name
+    annotation: Any  # nullable as Spark declares the column
+    description: str | None
+    index: int  # its position in a row stored as a list
+    width: int  # how many columns the struct has
+    convert: Convert  # the column's stored value (None included) -> its GraphQL value
+
+    def stored(self, row: Any) -> Any:
+        """Return the column's stored value in a stored row (an object, or a list of every column)."""
+        if isinstance(row, dict):
+            return row.get(self.name)
+        if isinstance(row, list | tuple) and len(row) == self.width:
+            return row[self.index]
+        raise _bad(row, "row")
+
+    def read(self, row: Any) -> Any:
+        """Return the column's GraphQL value in a stored row."""
+        return self.convert(self.stored(row))
+
+
+@dataclass(frozen=True)
+class Link:
+    """A field computed from one column's stored value (a relation), after the column or instead of it.
+
+    make(attribute) returns the field, given the attribute in which the struct's objects keep the stored
+    value. label names the link in errors ("store 'orders' relation 'customer'").
+    """
+
+    column: str
+    field: str  # its GraphQL name
+    replaces: bool  # the column's own field is left out
+    make: Callable[[str], Field]
+    label: str
+
+
+class LinkError(ValueError):
+    """A link that cannot be added to its struct (no such column, a field name taken)."""
+
+
+@dataclass(frozen=True)
 class ValueType:
     """A GraphQL type for values of one Spark type, and how to convert a stored value into it."""
 
     annotation: Any  # the Python annotation Strawberry maps to the GraphQL type (non-null form)
     convert: Convert  # stored value (never None) -> Python value of the annotation
     graphql: str  # the GraphQL type as SDL writes it, e.g. "LatestOrder", "[Long!]"
+    columns: tuple[Column, ...] = ()  # a struct's columns, in order (the fields not replaced by a link)
 
     def nullable(self) -> tuple[Any, Convert]:
         """Return the nullable annotation, and a converter that keeps None as None."""
@@ -218,33 +265,56 @@ class ValueTypes:
     def __init__(self, names: TypeNames) -> None:
         self.names = names
 
-    def of(self, data_type: DataType, name: str, description: str | None = None) -> ValueType:
-        """Return the GraphQL type of data_type; object types it needs are named after name."""
+    def of(
+        self, data_type: DataType, name: str, description: str | None = None, links: Sequence[Link] = ()
+    ) -> ValueType:
+        """Return the GraphQL type of data_type; object types it needs are named after name.
+
+        links: fields computed from the columns of data_type, a struct (relations); LinkError if one cannot be.
+        """
+        if links and not isinstance(data_type, StructType):
+            raise LinkError(
+                f"{links[0].label}: column {links[0].column!r} set, but the value is a "
+                f"{data_type.simpleString()}, not a struct"
+            )
         for spark_types, annotation, convert, graphql in _ATOMIC:
             if isinstance(data_type, spark_types):
                 return ValueType(annotation, convert, graphql)
         if isinstance(data_type, StructType):
-            return self._struct(data_type, name, description)
+            return self._struct(data_type, name, description, links)
         if isinstance(data_type, ArrayType):
             return self._array(data_type, name)
         if isinstance(data_type, MapType):
             return self._map(data_type, name)
         return ValueType(JSON, lambda v: v, "JSON")
 
-    def _struct(self, struct: StructType, name: str, description: str | None) -> ValueType:
+    def _struct(self, struct: StructType, name: str, description: str | None, links: Sequence[Link]) -> ValueType:
         type_name = self.names.new(name)
-        taken: set[str] = set()
+        _check_links(struct, links, type_name)
+        taken = {link.field for link in links}
         fields: list[Field] = []
-        readers: list[tuple[str, str, Convert]] = []  # (GraphQL name, column, converter)
-        for column in struct.fields:
-            graphql_name = unique(camel_case(column.name), taken)
-            inner = self.of(column.dataType, type_name + pascal_case(column.name))
-            fields.append(data_field(graphql_name, _slot(inner, column.nullable), _column_description(column)))
-            what = f"field {column.name!r} of {type_name}"
-            readers.append((graphql_name, column.name, _checked(inner.convert, column.nullable, what)))
-        cls = object_type(type_name, fields, description)
+        columns: list[Column] = []
+        linked: list[tuple[str, Column]] = []  # (attribute, column) of each link
+        width = len(struct.fields)
+        for index, column in enumerate(struct.fields):
+            own = [link for link in links if link.column == column.name]
+            if not any(link.replaces for link in own):
+                graphql_name = unique(camel_case(column.name), taken)
+                inner = self.of(column.dataType, type_name + pascal_case(column.name))
+                convert = _checked(inner.convert, column.nullable, f"field {column.name!r} of {type_name}")
+                slot = _slot(inner, column.nullable)
+                about = _column_description(column)
+                fields.append(data_field(graphql_name, slot, about))
+                columns.append(Column(column.name, graphql_name, slot, about, index, width, convert))
+            for link in own:
+                attribute = f"r{len(linked)}"
+                fields.append(link.make(attribute))
+                linked.append((attribute, Column(column.name, link.field, None, None, index, width, _same)))
+        cls = object_type(type_name, fields, description, [attribute for attribute, _ in linked])
         attrs = field_names(cls)
-        return ValueType(cls, _struct_converter(cls, [(attrs[g], c, f) for g, c, f in readers], type_name), type_name)
+        shown = [(attrs[c.field], c) for c in columns]
+        convert = _struct_converter(cls, shown, linked, width, type_name)
+        return ValueType(cls, convert, type_name, tuple(columns))
 
     def _array(self, array: ArrayType, name: str) -> ValueType:
         element = self.of(array.elementType, name)
@@ -289,12 +359,42 @@ def _column_description(column: StructField) -> str | None:
     return comment if isinstance(comment, str) else None
 
 
-def _struct_converter(cls: type, readers: list[tuple[str, str, Convert]], type_name: str) -> Convert:
+def _same(value: Any) -> Any:
+    return value
+
+
+def _check_links(struct: StructType, links: Sequence[Link], type_name: str) -> None:
+    names = [c.name for c in struct.fields]
+    for link in links:
+        if link.column not in names:
+            raise LinkError(f"{link.label}: {link.column!r} is not a column of its value (columns: {', '.join(names)})")
+    kept = {camel_case(c.name) for c in struct.fields if not any(k.replaces and k.column == c.name for k in links)}
+    seen: set[str] = set()
+    for link in links:
+        if link.field in seen or (link.field in kept and not link.replaces):
+            raise LinkError(f"{link.label}: {type_name} already has a field {link.field!r}: rename the relation")
+        seen.add(link.field)
+
+
+def _struct_converter(
+    cls: type, shown: list[tuple[str, Column]], linked: list[tuple[str, Column]], width: int, type_name: str
+) -> Convert:
+    by_name = [(attr, c.name, c.convert) for attr, c in shown]
+    by_index = [(attr, c.index, c.convert) for attr, c in shown]
+    links_by_name = [(attr, c.name) for attr, c in linked]
+    links_by_index = [(attr, c.index) for attr, c in linked]
+
     def convert(raw: Any) -> Any:
         if isinstance(raw, dict):
-            return cls(**{attr: conv(raw.get(column)) for attr, column, conv in readers})
-        if isinstance(raw, list | tuple) and len(raw) == len(readers):
-            return cls(**{attr: conv(v) for (attr, _, conv), v in zip(readers, raw, strict=True)})
+            values = {attr: conv(raw.get(column)) for attr, column, conv in by_name}
+            for attr, column in links_by_name:
+                values[attr] = raw.get(column)
+            return cls(**values)
+        if isinstance(raw, list | tuple) and len(raw) == width:
+            values = {attr: conv(raw[i]) for attr, i, conv in by_index}
+            for attr, i in links_by_index:
+                values[attr] = raw[i]
+            return cls(**values)
         raise _bad(raw, type_name)
 
     return convert

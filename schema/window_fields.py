@@ -9,6 +9,8 @@ connection ordered by start then key, ``fetchRange`` one ordered by key then sta
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -39,8 +41,21 @@ def _ceil_ms(value: dt.datetime) -> int:
     return floor if value.microsecond % 1000 == 0 else floor + 1
 
 
-def window_type(plan: StorePlan) -> type:
-    """Return the object type of window store plan."""
+@dataclass(frozen=True)
+class WindowNode:
+    """The ``<Base>Window`` type of a window store, and how a stored window becomes one."""
+
+    type: type
+    convert: Callable[[WindowedValue], Any]
+
+    def convert_list(self, found: list[WindowedValue]) -> list[Any]:
+        """Return the objects of a key's windows."""
+        convert = self.convert
+        return [convert(w) for w in found]
+
+
+def window_node(plan: StorePlan) -> WindowNode:
+    """Return the window type of window store plan (fetch, the connections and entities share it)."""
     value_annotation, convert = plan.value.nullable()
     window = object_type(
         plan.node_name,
@@ -49,6 +64,7 @@ def window_type(plan: StorePlan) -> type:
             data_field("start", DateTime, "The window's start (inclusive)."),
             data_field("end", DateTime, "The window's end (exclusive)."),
             data_field("value", value_annotation, "The key's value in the window."),
+            *plan.entry_fields,
         ],
         f"One key's value in one window of {plan.label()}.",
     )
@@ -56,6 +72,13 @@ def window_type(plan: StorePlan) -> type:
     def node(w: WindowedValue) -> Any:
         return window(f0=w.key, f1=from_epoch_ms(w.start), f2=from_epoch_ms(w.end), f3=convert(w.value))
 
+    return WindowNode(window, node)
+
+
+def window_type(plan: StorePlan, made: WindowNode | None = None) -> type:
+    """Return the object type of window store plan (with made, its window type, if made already)."""
+    made = made or window_node(plan)
+    window, node = made.type, made.convert
     connection = ConnectionType(plan.edge_name, plan.connection_name, window, f"A page of windows of {plan.label()}.")
     by_time = Order(f"{plan.name}:time", lambda w: [w.start, w.key], _pair(plan, time_first=True))
     by_key = Order(f"{plan.name}:key", lambda w: [w.key, w.start], _pair(plan, time_first=False))
@@ -68,7 +91,7 @@ def window_type(plan: StorePlan) -> type:
             return connection.make(found, node)
 
     fields = [
-        _fetch_field(plan, window, node),
+        _fetch_field(plan, made),
         *_scan_fields(plan, connection.type, page, by_time, by_key),
         _count_field(plan),
     ]
@@ -97,11 +120,8 @@ def _describe(plan: StorePlan) -> str:
     return f"Window store {plan.name}{size}{hop}{about}"
 
 
-def _fetch_field(plan: StorePlan, window: type, node: Any) -> Field:
-    name = plan.name
-
-    def convert(found: list[WindowedValue]) -> list[Any]:
-        return [node(w) for w in found]
+def _fetch_field(plan: StorePlan, made: WindowNode) -> Field:
+    name, window, convert = plan.name, made.type, made.convert_list
 
     async def fetch(
         root: Any, info: strawberry.Info, key: Any, from_: dt.datetime | None = None, to: dt.datetime | None = None

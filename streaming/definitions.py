@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 Transform = Callable[["DataFrame"], "DataFrame"]
-#: An event for the app's first topic: (key, JSON-able value).
-Event = tuple["str | int | None", Any]
+#: An event: (key, JSON-able value) for the app's first topic, or (topic, key, value) for any of its topics
+#: (value None: a tombstone, for a table topic).
+Event = tuple["str | int | None", Any] | tuple[str, "str | int | None", Any]
 #: A generator of realistic events for an app: (seed, start time in epoch ms) -> endless events.
 EventGenerator = Callable[[int, int], Iterator[Event]]
 ValueFormat = Literal["json", "avro", "string", "bytes"]
@@ -460,6 +461,12 @@ class App:
         """Return the key type the stores of entity share."""
         store = self.store(entity.stores[0])
         return store.resolved_key_type(self.topic(store.topic))
+
+    def addressed(self, event: Event) -> tuple[Topic, str | int | None, Any]:
+        """Return an event's topic, key and value (a two-item event is for the first topic)."""
+        if len(event) == 3:
+            return self.topic(event[0]), event[1], event[2]
+        return self.topics[0], event[0], event[1]
 
     def topic(self, name: str) -> Topic:
         """Return the topic called name."""

@@ -1,4 +1,5 @@
-"""The apps the schema tests serve: shop and weblog (the examples) and lab (integer keys, rich values).
+"""The apps the schema tests serve: shop and weblog (the examples), lab (integer keys, rich values) and market
+(entities over two table topics and an orders topic, with relations).
 
 Value types are built by hand with pyspark.sql.types (no Spark session); a slow test checks them
 against what streaming.value_types derives with Spark.
@@ -32,15 +33,19 @@ from pyspark.sql.types import (
 )
 
 from iqgraph.examples import weblog
-from iqgraph.examples.shop import build_app
+from iqgraph.examples.shop import ORDER_SCHEMA, build_app
 from iqgraph.stores import PartitionState, PartitionStores
 from iqgraph.streaming.definitions import (
     App,
+    Entity,
+    Relation,
     Topic,
     bloom_store,
     count,
     key_value_store,
     latest,
+    sum_,
+    table_store,
     tumbling,
     window_store,
 )
@@ -224,3 +229,153 @@ class ShopTruth:
         for order in self.orders:
             found[(order["customer"], order["ms"] - order["ms"] % 60_000)] += 1
         return dict(found)
+
+
+# -- market: entities and relations ------------------------------------------------------------------------
+
+MARKET_TOPICS = ("orders", "customers", "products")
+CUSTOMER_TYPE = _nullable(("name", StringType()), ("city", StringType()), ("favorite", StringType()))
+PRODUCT_TYPE = _nullable(("name", StringType()), ("price", DoubleType()))
+MARKET_TYPES: dict[str, DataType] = {
+    "customers": CUSTOMER_TYPE,
+    "products": PRODUCT_TYPE,
+    "order_count": LongType(),
+    "total_spend": DoubleType(),
+    "latest_order": ORDER_TYPE,
+    "orders_per_minute": LongType(),
+    "ordered": BooleanType(),
+}
+#: The customers table: most customers who ordered, one who did not (customer-20); customer-10 and -11 lack a row.
+#: Their favorite product: a product with a row, one without (gizmo), or none.
+MARKET_CUSTOMERS: dict[str, dict[str, Any]] = {
+    **{
+        f"customer-{i:02d}": {
+            "name": f"Customer {i}",
+            "city": ["Oslo", "Lyon", "Porto"][i % 3],
+            "favorite": ["widget", "gadget", "gizmo", None][i % 4],
+        }
+        for i in range(10)
+    },
+    "customer-20": {"name": "Newcomer", "city": None, "favorite": "sprocket"},
+}
+#: The products table: gizmo is sold but has no row.
+MARKET_PRODUCTS: dict[str, dict[str, Any]] = {
+    "widget": {"name": "Widget", "price": 2.5},
+    "gadget": {"name": "Gadget", "price": 4.0},
+    "sprocket": {"name": "Sprocket", "price": 7.25},
+}
+CUSTOMER_STORES = ("customers", "order_count", "total_spend", "latest_order", "orders_per_minute", "ordered")
+
+
+def market_app() -> App:
+    """Return an app with entities Customer (a table and the order stores) and Product (a table), and relations."""
+    return App(
+        name="market",
+        description="A market: customers, products and their orders",
+        topics=[
+            Topic("orders", schema=ORDER_SCHEMA, event_time="ts", partitions=PARTITIONS),
+            Topic("customers", schema="name STRING, city STRING, favorite STRING", table=True, partitions=PARTITIONS),
+            Topic("products", schema="name STRING, price DOUBLE", table=True, partitions=PARTITIONS),
+        ],
+        stores=[
+            table_store(
+                "customers",
+                "customers",
+                description="Who the customers are",
+                relations=[Relation("favorite", "Product", column="favorite")],
+            ),
+            table_store("products", "products", description="What is for sale"),
+            key_value_store(
+                "order_count", "orders", count(), relations=[Relation("customer", "Customer")], description="Orders"
+            ),
+            key_value_store("total_spend", "orders", sum_("amount"), description="Total spend"),
+            key_value_store(
+                "latest_order",
+                "orders",
+                latest(),
+                relations=[Relation("customer", "Customer", column="customer"), Relation("product", "Product", "item")],
+                description="The latest order",
+            ),
+            window_store(
+                "orders_per_minute",
+                "orders",
+                count(),
+                tumbling(minutes=1),
+                relations=[Relation("customer", "Customer")],
+                description="Orders per minute",
+            ),
+            bloom_store("ordered", "orders", description="Customers who ordered"),
+        ],
+        entities=[
+            Entity("Customer", CUSTOMER_STORES, table="customers", plural="customerList"),
+            Entity("Product", ["products"], table="products", plural="productList", description="A product"),
+        ],
+    )
+
+
+def market_orders() -> list[dict[str, Any]]:
+    """Return the shop's orders, the last one without an item (its product relation is null)."""
+    orders = make_orders()
+    orders[-1] = {**orders[-1], "item": None}
+    return orders
+
+
+def _partition(key: str) -> int:
+    return partition_for(key, PARTITIONS, "string", "murmur2")
+
+
+def fill_market(hosted: Mapping[str, Mapping[int, PartitionStores]], orders: Iterable[dict[str, Any]]) -> None:
+    """Apply the tables and the orders to the market's stores, as the sink would; every partition RUNNING."""
+    for topic, table in (("customers", MARKET_CUSTOMERS), ("products", MARKET_PRODUCTS)):
+        for p, stores in hosted[topic].items():
+            with _begin(stores) as tx:
+                stores.kv(topic).merge(tx, [(k, v) for k, v in table.items() if _partition(k) == p])
+            stores.db.set_state(PartitionState.RUNNING)
+    for p, stores in hosted["orders"].items():
+        rows = [o for o in orders if _partition(o["customer"]) == p]
+        with _begin(stores) as tx:
+            stores.kv("order_count").merge(tx, [(o["customer"], 1) for o in rows])
+            stores.kv("total_spend").merge(tx, [(o["customer"], o["amount"]) for o in rows])
+            latest_rows = [(o["customer"], {k: v for k, v in o.items() if k != "ms"}) for o in rows]
+            stores.kv("latest_order").merge(tx, latest_rows)
+            stores.window("orders_per_minute").aggregate(tx, [(o["customer"], o["ms"], 1) for o in rows])
+            stores.bloom("ordered").add(tx, [o["customer"] for o in rows])
+        stores.db.set_state(PartitionState.RUNNING)
+
+
+@dataclass(frozen=True)
+class MarketTruth:
+    """What the market's entities must answer, computed from the tables and the orders in plain Python."""
+
+    orders: list[dict[str, Any]]
+
+    def customer_keys(self) -> list[str]:
+        """Return every customer key anything knows of, sorted."""
+        return sorted({o["customer"] for o in self.orders} | set(MARKET_CUSTOMERS))
+
+    def product(self, key: str | None) -> dict[str, Any] | None:
+        """Return a Product as the API shows it (name, price); None for a null key."""
+        if key is None:
+            return None
+        row = MARKET_PRODUCTS.get(key, {})
+        return {"key": key, "name": row.get("name"), "price": row.get("price")}
+
+    def customer(self, key: str) -> dict[str, Any]:
+        """Return a Customer as the API shows it: key, columns, favorite, and every store's value."""
+        mine = [o for o in self.orders if o["customer"] == key]
+        row = MARKET_CUSTOMERS.get(key, {})
+        last = mine[-1] if mine else None
+        minutes: dict[int, int] = defaultdict(int)
+        for order in mine:
+            minutes[order["ms"] - order["ms"] % 60_000] += 1
+        return {
+            "key": key,
+            "name": row.get("name"),
+            "city": row.get("city"),
+            "favorite": self.product(row.get("favorite")),
+            "orderCount": len(mine) or None,
+            "totalSpend": sum(o["amount"] for o in mine) if mine else None,
+            "latestOrder": None if last is None else {"orderId": last["order_id"], "item": last["item"]},
+            "ordersPerMinute": [{"start": iso(start), "value": n} for start, n in sorted(minutes.items())],
+            "ordered": bool(mine),
+        }

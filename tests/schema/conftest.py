@@ -20,20 +20,26 @@ from strawberry.http import process_result
 from strawberry.types import ExecutionResult
 
 from iqgraph.app.cluster_queries import ClusterStoreQueries
-from iqgraph.schema import GraphQLApp, Limits, build_schema, context_getter
+from iqgraph.app.local_partitions import entity_infos
+from iqgraph.schema import EntityInfo, GraphQLApp, Limits, StoreInfo, build_schema, context_getter
 from iqgraph.stores import Key, PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.definitions import App
 from tests.queries import single_node
 from tests.schema.apps import (
     LAB_TOPIC,
     LAB_TYPES,
+    MARKET_TOPICS,
+    MARKET_TYPES,
     PARTITIONS,
     SHOP_TOPIC,
     SHOP_TYPES,
     ShopTruth,
+    fill_market,
     fill_shop,
     lab_app,
     make_orders,
+    market_app,
+    market_orders,
     shop_app,
 )
 
@@ -69,13 +75,16 @@ class Api:
     app: App
     queries: RecordingQueries
     limits: Limits = field(default_factory=Limits)
+    entities: Sequence[EntityInfo] | None = None  # None: the app's
+    stores: Sequence[StoreInfo] | None = None  # None: the queries' (the app's)
     schema: strawberry.Schema = field(init=False)
 
     def __post_init__(self) -> None:
-        self.schema = build_schema(self.queries.stores(), self.limits, description=self.app.description)
-        self.reference = build_schema(
-            self.queries.stores(), self.limits, description=self.app.description, compiled=False
-        )
+        stores = self.queries.stores() if self.stores is None else self.stores
+        entities = entity_infos(self.app) if self.entities is None else self.entities
+        about = self.app.description
+        self.schema = build_schema(stores, self.limits, entities=entities, description=about)
+        self.reference = build_schema(stores, self.limits, entities=entities, description=about, compiled=False)
 
     async def run(
         self, query: str, variables: dict[str, Any] | None = None, extensions: dict[str, Any] | None = None
@@ -186,10 +195,10 @@ def response_json(result: ExecutionResult) -> bytes:
     return orjson.dumps(process_result(result))
 
 
-def open_hosted(root: Path, app: App, topic: str) -> Hosted:
-    """Open every partition of topic in a new state directory under root."""
+def open_hosted(root: Path, app: App, *topics: str) -> Hosted:
+    """Open every partition of each topic in a new state directory under root."""
     directory = StateDirectory(root, app.name)
-    return {topic: {p: directory.open(topic, p, app.specs(topic)) for p in range(PARTITIONS)}}
+    return {topic: {p: directory.open(topic, p, app.specs(topic)) for p in range(PARTITIONS)} for topic in topics}
 
 
 def close_hosted(hosted: Hosted) -> None:
@@ -280,3 +289,24 @@ def lab_hosted(tmp_path: Path) -> Iterator[Hosted]:
 def lab(lab_hosted: Hosted) -> Api:
     """Return the lab Api (Long keys, rich values)."""
     return api_factory(lab_app(), LAB_TYPES, lab_hosted)()
+
+
+@pytest.fixture(scope="module")
+def market_hosted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosted]:
+    """Return the market's partitions (three topics), filled and RUNNING, shared by a module: read only."""
+    hosted = open_hosted(tmp_path_factory.mktemp("market"), market_app(), *MARKET_TOPICS)
+    fill_market(hosted, market_orders())
+    yield hosted
+    close_hosted(hosted)
+
+
+@pytest.fixture
+def make_market(market_hosted: Hosted) -> MakeApi:
+    """Return a factory of market Apis over the filled partitions."""
+    return api_factory(market_app(), MARKET_TYPES, market_hosted)
+
+
+@pytest.fixture
+def market(make_market: MakeApi) -> Api:
+    """Return the market Api (entities Customer and Product, relations) with default limits."""
+    return make_market()

@@ -1,4 +1,4 @@
-"""SDL snapshots of the example apps; two apps give two different, valid schemas.
+"""SDL snapshots of the example apps and of the market (entities, relations); two apps give two different schemas.
 
 Regenerate the snapshots after an intended change with ``IQGRAPH_UPDATE_SNAPSHOTS=1 pytest tests/schema``
 and review the diff.
@@ -15,17 +15,17 @@ import graphql
 import pytest
 from pyspark.sql.types import DataType
 
-from iqgraph.app.local_partitions import store_info
+from iqgraph.app.local_partitions import entity_infos, store_info
 from iqgraph.schema import Limits, build_schema
 from iqgraph.streaming.definitions import App
-from tests.schema.apps import SHOP_TYPES, WEBLOG_TYPES, shop_app, weblog_app
+from tests.schema.apps import MARKET_TYPES, SHOP_TYPES, WEBLOG_TYPES, market_app, shop_app, weblog_app
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("IQGRAPH_UPDATE_SNAPSHOTS") == "1"
-APPS = {"shop": (shop_app, SHOP_TYPES), "weblog": (weblog_app, WEBLOG_TYPES)}
+APPS = {"shop": (shop_app, SHOP_TYPES), "weblog": (weblog_app, WEBLOG_TYPES), "market": (market_app, MARKET_TYPES)}
 
 SHOP_QUERY = """{
   orderCount { get(key: "customer-0001") all(first: 2) { edges { cursor node { key value } } pageInfo { endCursor } } }
@@ -44,7 +44,8 @@ WEBLOG_QUERY = """{
 def sdl_of(app: App, types: Mapping[str, DataType]) -> str:
     """Return the SDL of app's schema, as `iqgraph schema` prints it."""
     stores = [store_info(app, s, types[s.name]) for s in app.stores]
-    return build_schema(stores, Limits(), description=app.description).as_str() + "\n"
+    entities = entity_infos(app)
+    return build_schema(stores, Limits(), entities=entities, description=app.description).as_str() + "\n"
 
 
 @pytest.mark.parametrize("name", sorted(APPS))
