@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from pathlib import Path
 
-from iqgraph.streaming.definitions import App
+from iqgraph.streaming.definitions import App, DefinitionError
 
 
 class AppLoadError(ValueError):
@@ -25,8 +26,20 @@ def load_app(reference: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise AppLoadError(f"cannot import module {module_name!r} for --app: {exc}") from None
+    except DefinitionError:
+        raise  # already says what to fix in the app's definition
+    except Exception as exc:  # the user's module failed while it ran: where, and why, in one line
+        raise AppLoadError(f"module {module_name!r} failed to load: {_where(exc)}{type(exc).__name__}: {exc}") from None
     app = getattr(module, attribute, None)
     if not isinstance(app, App):
         found = "nothing" if app is None else type(app).__name__
         raise AppLoadError(f"{reference} is {found}, not an iqgraph App (iqgraph.App)")
     return app
+
+
+def _where(exc: BaseException) -> str:
+    """Return 'file:line: ' of the innermost frame an exception came from (a SyntaxError's own place)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}: "
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""

@@ -43,6 +43,23 @@ def test_a_bad_app_path_is_one_clear_line(tmp_path: Path) -> None:
     assert_one_line_error(iqgraph("serve"), "--app")
 
 
+def test_an_app_module_that_fails_or_defines_badly_is_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("import iqgraph\n\napp = undefined_name\n")
+    assert_one_line_error(
+        iqgraph("serve", "--app", "broken:app", cwd=tmp_path), "module 'broken' failed", "broken.py:3", "NameError"
+    )
+    (tmp_path / "typo.py").write_text("app = (\n")
+    assert_one_line_error(iqgraph("serve", "--app", "typo:app", cwd=tmp_path), "typo.py:1", "SyntaxError")
+    (tmp_path / "badrel.py").write_text(
+        textwrap.dedent("""
+        from iqgraph import App, Relation, Topic, key_value_store, latest
+        app = App("x", [Topic("t", schema="c STRING")],
+                  [key_value_store("s", "t", latest(), relations=[Relation("c", "Nobody", column="c")])])
+    """)
+    )
+    assert_one_line_error(iqgraph("serve", "--app", "badrel:app", cwd=tmp_path), "unknown entity 'Nobody'")
+
+
 def test_a_taken_port_is_one_clear_line_before_anything_starts(tmp_path: Path) -> None:
     import socket
     import time
