@@ -37,7 +37,8 @@ from iqgraph.streaming.definitions import App
 
 DEMO_APP = "iqgraph.examples.shop:app"
 HISTORY = 3_000  # generated events produced before the nodes start, so that the first queries find data
-SAMPLES = 200  # records looked at for the example query's keys
+SAMPLES = 200  # records of a data file looked at for the example query's keys
+GENERATED_SAMPLES = 5_000  # generated events looked at (a generator may start with a table's rows)
 READY_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
 
@@ -208,7 +209,7 @@ class DevRun:
         assert self.app.generator is not None  # noqa: S101 - checked by the caller
         start_ms = int(time.time() * 1000) - HISTORY * 20
         events = self.app.generator(7, start_ms)
-        addressed = (self.app.addressed(event) for event, _ in zip(events, range(SAMPLES), strict=False))
+        addressed = (self.app.addressed(e) for e, _ in zip(events, range(GENERATED_SAMPLES), strict=False))
         self.samples = [(topic.name, key, value) for topic, key, value in addressed]
         produce_events(self.app, self._config(), count=HISTORY, rate=None, seed=7, start_ms=start_ms)
         into = ", ".join(repr(t.name) for t in self.app.topics)

@@ -2,7 +2,8 @@
 
 It is built from the served schema (introspected), so it is valid for any app: for each store one
 point read — ``get`` (key-value), ``fetch`` (window), ``mightContain`` (bloom) — with a key seen in
-the data fed to the app, and every scalar field of the value selected.
+the data fed to the app, and every scalar field of the value selected; then each entity for a key one of
+its stores has, with its scalar fields.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ def example_query(schema: GraphQLSchema, app: App, keys: Mapping[str, Any]) -> s
             read = _point_read(_named(field.type), keys[store.name])
             if read:
                 lines.append(f"  {camel_case(store.name)} {{ {read} }}")
+    for entity in app.entities:  # an entity reads its stores at once: the first key a store of it has
+        field = query_type.fields.get(camel_case(entity.name))
+        key = next((keys[s] for s in entity.stores if s in keys), None)
+        if field is not None and key is not None:
+            lines.append(f"  {camel_case(entity.name)}(key: {orjson.dumps(key).decode()}){_selection(field)}")
     return "{\n" + "\n".join(lines) + "\n}" if lines else "{ stores { name kind keyType valueType } }"
 
 

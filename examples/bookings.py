@@ -5,10 +5,10 @@ by booking id: a booking is written there when made and deleted by a tombstone w
 
 Questions it answers:
 - the latest booking of a customer: ``latestBooking { get(key: "cust-0042") { hotel nights booking { hotel } } }``
-  (``booking`` is a relation to the ``Booking`` entity: null once the booking is cancelled);
+  (``booking`` is a relation to the ``Booking`` entity: its fields are null once the booking is cancelled);
 - the bookings of a customer within a time range: ``bookingsPerHour { fetch(key:, from:, to:) { start value } }``
   and ``nightsPerHour``;
-- whether a booking still stands: ``booking(key: "b-1-17") { hotel nights }`` (null when cancelled);
+- whether a booking still stands: ``booking(key: "b-1-17") { hotel nights }`` (null fields when cancelled);
 - the latest booking at each hotel: ``latestAtHotel`` is keyed by the hotel column, so one hotel's bookings
   arrive on many partitions; its ``latest`` is the booking with the greatest event time over all of them.
 """
@@ -53,7 +53,7 @@ def generate(
         now += rng.randint(10, 60)
         while pending and pending[0][0] <= i:
             yield reservations, pending.pop(0)[1], None
-        customer = f"cust-{int(rng.paretovariate(1.2)) % CUSTOMERS:04d}"
+        customer = f"cust-{(int(rng.paretovariate(1.2)) - 1) % CUSTOMERS:04d}"
         nights = rng.randint(1, 7)
         booking_id = f"b-{seed}-{i}"
         booking = {

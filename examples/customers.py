@@ -49,7 +49,7 @@ UPDATE_EVERY, DELETE_EVERY = 40, 500  # one change in UPDATE_EVERY updates a pro
 
 
 def _customer(rng: random.Random, n: int) -> str:
-    return f"customer-{n:04d}" if n >= 0 else f"customer-{int(rng.paretovariate(1.1)) % CUSTOMERS:04d}"
+    return f"customer-{n:04d}" if n >= 0 else f"customer-{(int(rng.paretovariate(1.1)) - 1) % CUSTOMERS:04d}"
 
 
 def _profile(rng: random.Random, n: int) -> dict[str, str]:

@@ -351,3 +351,39 @@ def test_a_stop_signal_ends_dev_waits_even_if_its_keyboard_interrupt_was_lost(tm
         run.wait()
     with pytest.raises(KeyboardInterrupt):
         run._wait_ready()
+
+
+@pytest.mark.slow
+def test_dev_runs_the_bookings_example_and_its_example_query_answers_the_seeds_questions(tmp_path: Path) -> None:
+    # two topics fed by one generator (a stream and a table whose tombstones are cancellations), entities,
+    # a relation and a column-keyed store: the example query dev prints reads every one of them
+    port = free_port()
+    dev = DevProcess(tmp_path, "--app", "iqgraph.examples.bookings:app", "--port", str(port),
+                     "--state-dir", str(tmp_path / "run"), "--rate", "50")  # fmt: skip
+    try:
+        assert "created topics bookings (9 partitions), reservations (9 partitions)" in dev.read_until("created")
+        dev.read_until("an example query")
+        query = dev.read_block("}")
+        dev.read_until("Ctrl-C stops everything")
+        url = f"http://127.0.0.1:{port}/graphql"
+        answer = httpx.post(url, json={"query": query}, timeout=30).json()
+        follow = (
+            "{ latestBooking { all(first: 50) { edges { node { key value { bookingId booking { key customer } } } } } }"
+            " }"
+        )
+        related = httpx.post(url, json={"query": follow}, timeout=30).json()
+    except BaseException:
+        os.killpg(dev.process.pid, signal.SIGKILL)
+        raise
+    output = dev.ctrl_c()
+    assert "errors" not in answer, answer
+    data = answer["data"]
+    assert {"booking", "bookingCustomer", "latestAtHotel", "reservations", "bookingsPerHour"} <= set(data), query
+    assert data["bookingCustomer"]["bookingCount"] == data["bookingCount"]["get"] > 0
+    assert data["booking"]["customer"] == data["reservations"]["get"]["customer"]
+    assert "errors" not in related, related
+    edges = related["data"]["latestBooking"]["all"]["edges"]
+    assert edges and all(e["node"]["value"]["booking"]["key"] == e["node"]["value"]["bookingId"] for e in edges)
+    standing = [e for e in edges if e["node"]["value"]["booking"]["customer"] is not None]
+    assert all(e["node"]["value"]["booking"]["customer"] == e["node"]["key"] for e in standing) and standing
+    assert dev.process.returncode == 0 and "Traceback" not in output, output
