@@ -76,6 +76,8 @@ class Topic:
     global_table: bool = False
 
     def __post_init__(self) -> None:
+        if self.value_format == "json" and isinstance(self.schema, Mapping):
+            raise DefinitionError(f"topic {self.name!r}: a dict schema is an Avro schema: set value_format='avro'")
         if self.value_format == "json" and self.schema is None:
             raise DefinitionError(f"topic {self.name!r}: JSON values need a schema (Spark DDL or StructType)")
         if self.value_format not in ("json", "avro", "string", "bytes"):
