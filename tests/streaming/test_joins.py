@@ -127,6 +127,14 @@ def test_plays_are_enriched_with_the_table_as_of_their_batch(
         assert set(counts) <= {*GENRES, "pop"}
     finally:
         runner.stop()
+    # a restart re-applies nothing: the joined counts stay exactly as they were
+    again = StreamRunner(app, spark, StateDirectory(tmp_path / "state", "music"), settings)
+    try:
+        again.start({plays: [0, 1], songs: [0, 1], profiles: [0, 1]})
+        again.wait_until_caught_up(timeout=180)
+        assert _genres(again, plays) == counts
+    finally:
+        again.stop()
 
 
 def test_joins_that_cannot_run_fail_at_load_with_one_line() -> None:
