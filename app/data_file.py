@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from iqgraph.streaming.decode import serialize_value
 from iqgraph.streaming.definitions import App, Topic
 from iqgraph.streaming.partitioner import serialize_key
 
@@ -88,10 +89,13 @@ def _key(number: int, key: Any, topic: Topic) -> bytes | None:
 def _value(number: int, value: Any, topic: Topic) -> bytes | None:
     if value is None:
         return None
-    if topic.value_format == "json":
+    if topic.value_format in ("json", "avro"):
         if not isinstance(value, dict):
             raise BadLine(number, f"value must be a JSON object for topic {topic.name!r}")
-        return orjson.dumps(value)
+        try:
+            return serialize_value(topic, value)
+        except ValueError as exc:
+            raise BadLine(number, f"value for topic {topic.name!r} {exc}") from None
     if not isinstance(value, str):
         raise BadLine(number, f"value must be a string for topic {topic.name!r} ({topic.value_format})")
     return value.encode()

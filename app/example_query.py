@@ -41,6 +41,8 @@ def sample_keys(app: App, records: list[tuple[str, Any, Any]]) -> dict[str, Any]
     keys: dict[str, Any] = {}
     for store in app.stores:
         for topic, key, value in records:
+            if value is None:  # a tombstone: the key is gone
+                continue
             found = key if store.key is None else (value or {}).get(store.key)
             if topic == store.topic and found is not None:
                 keys[store.name] = found

@@ -29,7 +29,8 @@ def load_app(reference: str) -> App:
     except DefinitionError:
         raise  # already says what to fix in the app's definition
     except Exception as exc:  # the user's module failed while it ran: where, and why, in one line
-        raise AppLoadError(f"module {module_name!r} failed to load: {_where(exc)}{type(exc).__name__}: {exc}") from None
+        where = _where(exc, module_name)
+        raise AppLoadError(f"module {module_name!r} failed to load: {where}{type(exc).__name__}: {exc}") from None
     app = getattr(module, attribute, None)
     if not isinstance(app, App):
         found = "nothing" if app is None else type(app).__name__
@@ -37,9 +38,17 @@ def load_app(reference: str) -> App:
     return app
 
 
-def _where(exc: BaseException) -> str:
-    """Return 'file:line: ' of the innermost frame an exception came from (a SyntaxError's own place)."""
+def _where(exc: BaseException, module_name: str) -> str:
+    """Return 'file:line: ' of the user's line an exception came from (a SyntaxError's own place).
+
+    The innermost frame outside iqgraph and the import machinery: the user's module, or what it called.
+    """
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}: "
-    frames = traceback.extract_tb(exc.__traceback__)
-    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    ours = str(Path(__file__).resolve().parents[1])
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(("<frozen", ours)) and "importlib" not in f.filename
+    ]
+    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else f"in {module_name}: "

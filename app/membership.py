@@ -115,6 +115,20 @@ def with_global_topics(cmap: ClusterMap, node_id: str, topics: Mapping[str, int]
     return ClusterMap(cmap.generation, cmap.members, owners, cmap.down)
 
 
+def with_joined_tables(hosted: Mapping[str, list[int]], joins: Sequence[tuple[str, str]]) -> dict[str, list[int]]:
+    """Return hosted (per topic, the partitions a node hosts) with, for each (stream, table) of a join with a
+    co-partitioned table, the table's partitions of the stream's partitions hosted too.
+
+    A stream partition joined with a co-partitioned table reads that table's same partition on this node; the
+    map assigns topics' partitions one by one (a warming claimant can take over the table's partition before
+    the stream's), so the node keeps its own copy of each such table partition (reported as a standby).
+    """
+    found = {topic: list(partitions) for topic, partitions in hosted.items()}
+    for stream, table in joins:
+        found[table] = sorted({*found.get(table, []), *found.get(stream, [])})
+    return {topic: partitions for topic, partitions in found.items() if partitions}
+
+
 class Membership(Protocol):
     """Where a node learns the cluster map, and hears when it changes."""
 

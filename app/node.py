@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 from iqgraph.app.cluster_queries import ClusterStoreQueries, RetryPolicy
 from iqgraph.app.health import PeerHealth
 from iqgraph.app.local_partitions import LocalPartitions
-from iqgraph.app.membership import ClusterMap, Member, Membership, StaticMembership, parse_peers
+from iqgraph.app.membership import (
+    ClusterMap,
+    Member,
+    Membership,
+    StaticMembership,
+    parse_peers,
+    with_joined_tables,
+)
 from iqgraph.app.metrics import NodeMetrics
 from iqgraph.app.peers import PeerClient
 from iqgraph.app.replicas import PeerStates
@@ -129,7 +136,7 @@ class Node:
             self.membership.start()
         except RuntimeError as exc:  # GroupMembershipError: Kafka, topics or the group said no
             raise NodeStartError(f"cannot join the cluster: {exc}") from None
-        assignment = self.assignment or self.membership.current().hosted_partitions(self.settings.node_id)
+        assignment = self.assignment or self._hosted_in(self.membership.current())
         self._hosted = {t: sorted(ps) for t, ps in assignment.items()}
         try:
             for topic, partitions in assignment.items():
@@ -229,9 +236,13 @@ class Node:
         owners = self.membership.current().owners_of(topic, partition) if self.membership else None
         return "standby" if owners is not None and owners.active != self.settings.node_id else "active"
 
+    def _hosted_in(self, cmap: ClusterMap) -> dict[str, list[int]]:
+        """Return the partitions this node hosts in cmap, with the co-partitioned tables its joins read."""
+        return with_joined_tables(cmap.hosted_partitions(self.settings.node_id), self.app.copartitioned_joins())
+
     def _on_new_map(self, cmap: ClusterMap) -> None:
         """Restart the streaming queries when the partitions this node hosts change."""
-        hosted = {t: sorted(ps) for t, ps in cmap.hosted_partitions(self.settings.node_id).items()}
+        hosted = {t: sorted(ps) for t, ps in self._hosted_in(cmap).items()}
         if hosted == self._hosted or self.runner is None or self.state is not NodeState.RUNNING:
             return
         log.warning("partitions move: now hosting %s (generation %d)", hosted, cmap.generation)

@@ -181,23 +181,32 @@ class PeerClient:
             task.add_done_callback(self._tasks.discard)
 
     async def _send_lookups(self, url: str, authorization: str | None, batch: list[_Lookup]) -> None:
-        variables, fields = wire.lookup_variables([(item.store, item.reads) for item in batch])
         try:
-            body = await self._observed(url, wire.lookups(len(batch)), variables, authorization)
-        except Exception as exc:  # every waiting lookup hears why (PeerUnavailableError, mostly), none hangs
+            await self._answer_lookups(url, authorization, batch)
+        except Exception as exc:  # every waiting lookup hears why (PeerUnavailableError, mostly)
             for item in batch:
                 _settle(item.answer, error=exc)
-            return
-        data = body.get("data") or {}
-        errors = {str((e.get("path") or ["?"])[0]): e for e in body.get("errors") or []}
+        finally:  # none hangs, whatever happened (a malformed answer, a cancellation)
+            for item in batch:
+                _settle(item.answer, error=PeerUnavailableError(f"peer {url} gave no answer for store {item.store}"))
+
+    async def _answer_lookups(self, url: str, authorization: str | None, batch: list[_Lookup]) -> None:
+        variables, fields = wire.lookup_variables([(item.store, item.reads) for item in batch])
+        body = await self._observed(url, wire.lookups(len(batch)), variables, authorization)
+        data, errors = body.get("data"), body.get("errors") or []
+        if not isinstance(data, dict | None) or not isinstance(errors, list):
+            raise PeerUnavailableError(f"peer {url} answered something that is not a GraphQL response")
+        by_field = {str((e.get("path") or ["?"])[0]): e for e in errors if isinstance(e, dict)}
+        failed = 0
         for field, item in zip(fields, batch, strict=True):
-            if field in errors or data.get(field) is None:
-                error = _peer_error(url, errors.get(field) or (body.get("errors") or [{}])[0])
-                if self.observer is not None:
-                    self.observer.failed(url, error.code)
-                _settle(item.answer, error=error)
-            else:
-                _settle(item.answer, value=data[field])
+            answer = (data or {}).get(field)
+            if answer is not None:
+                _settle(item.answer, value=answer)
+            elif field in by_field:  # its own error: that store's, never another's
+                failed += 1
+                _settle(item.answer, error=_peer_error(url, by_field[field]))
+        if failed and self.observer is not None:
+            self.observer.failed(url, _peer_error(url, next(iter(by_field.values()))).code)
 
     async def scan(
         self,

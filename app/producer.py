@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from iqgraph.app.data_file import BadLine, FileRecord
 from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST
+from iqgraph.streaming.decode import serialize_value
 from iqgraph.streaming.definitions import App, DefinitionError
 from iqgraph.streaming.partitioner import serialize_key
 
@@ -58,7 +58,7 @@ def produce_events(
                 break
             topic, key, value = app.addressed(event)
             raw_key = None if key is None else serialize_key(key, topic.key_format)
-            _send(producer, topic.name, raw_key, None if value is None else orjson.dumps(value), delivered)
+            _send(producer, topic.name, raw_key, None if value is None else serialize_value(topic, value), delivered)
             sent += 1
             if rate:
                 ahead = sent / rate - (time.monotonic() - started)

@@ -6,8 +6,8 @@ customer, on the same number of partitions (co-partitioned with the table).
 
 Stores: ``profiles`` (the table: the latest profile per customer; a tombstone deletes it), the order count,
 total spend, latest order and orders per minute per customer, and ``spend_per_tier`` — orders enriched at
-ingest with their customer's tier (a left join within the partition: an order of an unknown customer counts
-under no tier and is reported as a bad record for that store).
+ingest with their customer's tier (an inner join within the partition: an order of a customer the table
+does not hold — deleted, or not created yet — counts under no tier).
 
 The ``Customer`` entity composes them: ``customer(key: "customer-0001") { name city tier orderCount
 totalSpend latestOrder { item amount customer { name } } ordersPerMinute(from:, to:) { start value } }`` —
@@ -109,7 +109,7 @@ def build_app(
                 orders,
                 sum_("amount"),
                 key="tier",
-                join=Join("profiles", how="left"),
+                join=Join("profiles"),
                 description="Spend per customer tier (orders joined with their customer's profile at ingest)",
             ),
         ],

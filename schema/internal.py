@@ -34,7 +34,7 @@ def _local(info: strawberry.Info) -> PeerQueries:
 def internal_fields() -> list[Field]:
     """Return the root fields _lookup, _scan and _count."""
 
-    def lookup(root: Any, info: strawberry.Info, store: str, reads: JSON) -> JSON:
+    def lookup(root: Any, info: strawberry.Info, store: str, reads: JSON) -> JSON | None:
         try:
             decoded = wire.decode_reads(reads)
         except (ValueError, TypeError) as exc:
@@ -63,8 +63,11 @@ def internal_fields() -> list[Field]:
     return [
         resolved_field(
             "_lookup",
-            resolver_with(lookup, [store, Arg("reads", "reads", JSON, "[[key, from, to, [partitions]], …]")], JSON),
-            "Internal (peers): states of point reads from the given partitions.",
+            resolver_with(
+                lookup, [store, Arg("reads", "reads", JSON, "[[key, from, to, [partitions]], …]")], JSON | None
+            ),
+            "Internal (peers): states of point reads from the given partitions (nullable: one store's error in a "
+            "request of several leaves the others' answers).",
         ),
         resolved_field(
             "_scan",

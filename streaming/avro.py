@@ -44,7 +44,7 @@ from pyspark.sql.types import (
 
 from iqgraph.streaming.definitions import DefinitionError
 
-__all__ = ["avro_json", "avro_json_column", "avro_struct_type", "decode_avro", "load_avro_schema"]
+__all__ = ["avro_json", "avro_json_column", "avro_struct_type", "decode_avro", "encode_avro", "load_avro_schema"]
 
 #: Confluent's wire format: magic byte 0, then a 4-byte big-endian schema id, then the Avro body.
 CONFLUENT_HEADER = 5
@@ -371,3 +371,17 @@ def avro_json_column(value: Column, parsed: Mapping[str, Any]) -> Column:
 def _json_texts(values: Iterable[bytes | None], parsed: Mapping[str, Any], floats: bool) -> list[str | None]:
     """Return the JSON text of each Avro value (None where it is not one)."""
     return [_json_text(decode_avro(value, parsed), floats) for value in values]
+
+
+def encode_avro(record: Mapping[str, Any], parsed: Mapping[str, Any]) -> bytes:
+    """Return record as plain schemaless Avro (what ``iqgraph produce`` and generators send to an Avro topic).
+
+    Timestamps are datetimes or epoch milliseconds, dates ``datetime.date``s or days; raise ValueError naming
+    what does not fit the schema.
+    """
+    out = io.BytesIO()
+    try:
+        fastavro.schemaless_writer(out, dict(parsed), dict(record))
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise ValueError(f"does not fit the Avro schema: {_one_line(exc)}") from None
+    return out.getvalue()

@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, NumericType, StringType, StructField, StructType, TimestampType
 
-from iqgraph.streaming.avro import avro_json_column, avro_struct_type, load_avro_schema
+from iqgraph.streaming.avro import avro_json_column, avro_struct_type, encode_avro, load_avro_schema
 from iqgraph.streaming.definitions import DefinitionError, Topic
 
 if TYPE_CHECKING:
@@ -45,9 +46,27 @@ def value_schema(topic: Topic) -> StructType | None:
     return parsed
 
 
+_PARSED: dict[int, tuple[Topic, dict[str, Any]]] = {}  # id(topic) -> its parsed Avro schema (topics live long)
+
+
 def _avro_schema(topic: Topic) -> dict[str, Any]:
-    assert isinstance(topic.schema, str | Mapping)  # noqa: S101 - Topic checks an Avro topic's schema
-    return load_avro_schema(topic.schema, topic=topic.name)
+    found = _PARSED.get(id(topic))
+    if found is None or found[0] is not topic:
+        assert isinstance(topic.schema, str | Mapping)  # noqa: S101 - Topic checks an Avro topic's schema
+        found = _PARSED[id(topic)] = (topic, load_avro_schema(topic.schema, topic=topic.name))
+    return found[1]
+
+
+def serialize_value(topic: Topic, value: Any) -> bytes:
+    """Return the bytes a producer sends for value on topic (the decoder's inverse): JSON, Avro, text or bytes.
+
+    Raise ValueError when an Avro value does not fit the topic's schema.
+    """
+    if topic.value_format == "avro":
+        return encode_avro(value, _avro_schema(topic))
+    if topic.value_format == "json":
+        return orjson.dumps(value)
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def _key_column(topic: Topic) -> Column:

@@ -379,10 +379,16 @@ def bloom_store(
 
 def _check_table_store(store: StoreDefinition) -> None:
     """Refuse a store of a table topic that is not a table store (latest per record key, no transform)."""
-    if store.kind is not StoreKind.KEY_VALUE or store.aggregate.kind != "latest" or store.key or store.transform:
+    if (
+        store.kind is not StoreKind.KEY_VALUE
+        or store.aggregate.kind != "latest"
+        or store.key
+        or store.transform
+        or store.join
+    ):
         raise DefinitionError(
             f"store {store.name!r} reads table topic {store.topic!r}: a table topic feeds only "
-            f"table_store(...) (the latest value per record key, no key column, no transform)"
+            f"table_store(...) (the latest value per record key, no key column, no transform, no join)"
         )
 
 
@@ -408,6 +414,7 @@ class App:
         for store in self.stores:
             if store.topic not in topics:
                 raise DefinitionError(f"store {store.name!r} reads topic {store.topic!r}, which the app lacks")
+        for store in self.stores:  # every store's topic exists: the checks below may look any of them up
             if self.topic(store.topic).table:
                 _check_table_store(store)
             if store.join is not None:
@@ -420,6 +427,8 @@ class App:
             raise DefinitionError(
                 f"store {store.name!r} joins {join.table!r}, which is not a table store (tables: {tables or 'none'})"
             )
+        if self.topic(self.store(join.table).topic).value_format not in ("json", "avro"):
+            raise DefinitionError(f"store {store.name!r} joins {join.table!r}, whose values have no columns to join")
         table_topic, stream_topic = self.topic(self.store(join.table).topic), self.topic(store.topic)
         if table_topic.global_table:
             return
@@ -428,11 +437,12 @@ class App:
                 f"store {store.name!r} joins {join.table!r} on column {join.on!r}: a join on a column needs a "
                 f"global table (Topic({table_topic.name!r}, ..., table=True, global_table=True))"
             )
-        if table_topic.partitions != stream_topic.partitions:
+        if (table_topic.partitions, table_topic.key_format) != (stream_topic.partitions, stream_topic.key_format):
             raise DefinitionError(
                 f"store {store.name!r} joins {join.table!r} on the record key: topics {stream_topic.name!r} and "
-                f"{table_topic.name!r} must have the same partitions ({stream_topic.partitions} vs "
-                f"{table_topic.partitions}), or make the table global"
+                f"{table_topic.name!r} must be co-partitioned — the same partitions ({stream_topic.partitions} vs "
+                f"{table_topic.partitions}) and key format ({stream_topic.key_format} vs {table_topic.key_format})"
+                " — or make the table global"
             )
 
     def _check_entities(self) -> None:
@@ -464,6 +474,15 @@ class App:
         store = self.store(entity.stores[0])
         return store.resolved_key_type(self.topic(store.topic))
 
+    def copartitioned_joins(self) -> list[tuple[str, str]]:
+        """Return (stream topic, table topic) of every join with a table that is not global."""
+        pairs = {
+            (store.topic, self.store(store.join.table).topic)
+            for store in self.stores
+            if store.join is not None and not self.topic(self.store(store.join.table).topic).global_table
+        }
+        return sorted(pairs)
+
     def addressed(self, event: Event) -> tuple[Topic, str | int | None, Any]:
         """Return an event's topic, key and value (a two-item event is for the first topic)."""
         if len(event) == 3:
@@ -471,8 +490,13 @@ class App:
         return self.topics[0], event[0], event[1]
 
     def topic(self, name: str) -> Topic:
-        """Return the topic called name."""
-        return next(t for t in self.topics if t.name == name)
+        """Return the topic called name; raise DefinitionError naming the app's topics."""
+        for topic in self.topics:
+            if topic.name == name:
+                return topic
+        raise DefinitionError(
+            f"no topic {name!r} in app {self.name!r} (topics: {', '.join(t.name for t in self.topics)})"
+        )
 
     def stores_of(self, topic: str) -> list[StoreDefinition]:
         """Return the stores fed from topic."""

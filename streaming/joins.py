@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 
 import orjson
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import IntegralType, StringType, StructType
 
-from iqgraph.stores import PartitionState, PartitionStores, StoreError
+from iqgraph.stores import PartitionState, PartitionStores, StoreNotReadyError
 from iqgraph.streaming.decode import value_schema
 from iqgraph.streaming.definitions import App, DefinitionError, Join, StoreDefinition
 
@@ -97,10 +97,21 @@ def joined(app: App, frame: DataFrame, store: StoreDefinition, table: DataFrame)
     on = join.on or "_key"
     if on not in frame.columns:
         raise DefinitionError(f"store {store.name!r} joins {join.table!r} on column {on!r}, which its records lack")
+    if not isinstance(frame.schema[on].dataType, StringType | IntegralType):
+        raise DefinitionError(
+            f"store {store.name!r} joins {join.table!r} on column {on!r} of type "
+            f"{frame.schema[on].dataType.simpleString()}: a table's keys are strings or integers"
+        )
     renamed = table.select(
         _KEY, _PARTITION, *[F.col(c).alias(join.prefix + c) for c in table.columns if c not in (_KEY, _PARTITION)]
     )
-    clash = [c for c in renamed.columns if c in frame.columns and c not in (_KEY, _PARTITION)]
+    added = [c for c in renamed.columns if c not in (_KEY, _PARTITION)]
+    if join.how == "left" and store.key in added:
+        raise DefinitionError(
+            f"store {store.name!r} is keyed by {store.key!r}, a column of table {join.table!r}, with a left join: a "
+            "record without a match would have a null key (a bad record); use how='inner'"
+        )
+    clash = [c for c in added if c in frame.columns]
     if clash:
         raise DefinitionError(
             f"store {store.name!r}: table {join.table!r} adds columns {clash} its records already have; "
@@ -150,9 +161,10 @@ class TableSnapshots:
                 if cached is not None and cached[0] == version:
                     return cached[1]
                 try:
-                    rows = _rows(join.table, partitions)
-                except StoreError as exc:  # a partition moved or closed meanwhile: look again
+                    rows = _rows(join.table, partitions, self.app.topic(topic).global_table)
+                except StoreNotReadyError as exc:  # a partition moved or closed meanwhile: look again
                     log.info("table %s changed while read (%s); reading it again", join.table, exc)
+                    time.sleep(0.1)
                     continue
                 parsed = F.from_json("_json", table_schema(self.app, join))
                 frame = spark.createDataFrame(rows, f"{_KEY} string, {_PARTITION} int, _json string")
@@ -162,7 +174,7 @@ class TableSnapshots:
 
     def _wait_running(self, topic: str, needed: set[int]) -> dict[int, PartitionStores]:
         """Return the needed partitions of the table topic once this node hosts them all, caught up."""
-        logged = 0.0
+        logged = time.monotonic() - 25  # the first word after 5 s, then every 30 s
         while True:
             hosted = dict(self.hosted(topic))
             partitions = {p: hosted[p] for p in needed if p in hosted}
@@ -183,14 +195,22 @@ class TableSnapshots:
             time.sleep(0.1)
 
 
-def _rows(table: str, partitions: Mapping[int, PartitionStores]) -> list[tuple[str, int, str]]:
-    rows: list[tuple[str, int, str]] = []
+def _rows(table: str, partitions: Mapping[int, PartitionStores], whole: bool) -> list[tuple[str, int, str]]:
+    """Return the table's (key, partition, JSON value) rows; whole (a global table): one row per key."""
+    rows: dict[tuple[str, int], tuple[str, int, str]] = {}
     for partition, stores in sorted(partitions.items()):
         kv, after = stores.kv(table), None
         while True:
             page = kv.all(limit=_PAGE, after=after)
-            rows += [(str(key), partition, orjson.dumps(value).decode()) for key, value in page.items]
+            for key, value in page.items:
+                row = (str(key), partition, orjson.dumps(value).decode())
+                where = (row[0], -1 if whole else partition)
+                if where in rows:  # producers put one key on two partitions: the greater partition's value wins
+                    log.warning(
+                        "global table %s holds key %r in partitions %s and %s", table, key, rows[where][1], partition
+                    )
+                rows[where] = row
             if page.next_cursor is None:
                 break
             after = page.next_cursor
-    return rows
+    return list(rows.values())

@@ -1,10 +1,18 @@
-"""Global tables in the cluster map: every node hosts and serves every partition of a global topic itself."""
+"""Global tables in the cluster map: every node hosts and serves every partition of a global topic itself;
+a node hosts the co-partitioned table partitions its joins read."""
 
 from __future__ import annotations
 
 import pytest
 
-from iqgraph.app.membership import ClusterMap, Member, PartitionOwners, StaticMembership, with_global_topics
+from iqgraph.app.membership import (
+    ClusterMap,
+    Member,
+    PartitionOwners,
+    StaticMembership,
+    with_global_topics,
+    with_joined_tables,
+)
 from iqgraph.streaming.definitions import DefinitionError, Topic
 
 MEMBERS = [Member(f"node-{i}", f"http://127.0.0.1:{9000 + i}") for i in range(3)]
@@ -35,3 +43,11 @@ def test_with_global_topics_overlays_only_the_global_partitions() -> None:
 def test_a_global_table_must_be_a_table() -> None:
     with pytest.raises(DefinitionError, match="set table=True"):
         Topic("songs", schema="genre STRING", global_table=True)
+
+
+def test_a_node_hosts_the_table_partitions_of_the_stream_partitions_it_joins() -> None:
+    # a warming claimant took over customers-0 (the table) while the old owner still serves orders-0
+    hosted = {"orders": [0, 3], "customers": [3], "songs": [1]}
+    found = with_joined_tables(hosted, [("orders", "customers")])
+    assert found == {"orders": [0, 3], "customers": [0, 3], "songs": [1]}
+    assert with_joined_tables({"customers": [2]}, [("orders", "customers")]) == {"customers": [2]}

@@ -25,7 +25,10 @@ SEEN: list[dict[str, Any]] = []
 
 
 def _lookups(variables: dict[str, Any]) -> JSONResponse:
-    """Answer aliased _lookup fields: each read's state is [store, key]; store "broken" fails its field."""
+    """Answer aliased _lookup fields: each read's state is [store, key]; store "broken" fails its field;
+    a request with store "garbled" is answered with something that is not a GraphQL response."""
+    if "garbled" in variables.values():
+        return JSONResponse({"errors": ["boom"], "data": [1]})
     data: dict[str, Any] = {}
     errors = []
     for name in [v for v in variables if v.startswith("s")]:
@@ -116,3 +119,14 @@ async def test_lookups_of_several_stores_for_one_peer_go_out_as_one_request_each
     # alone, a lookup keeps the one-field document
     await client.lookup(peer_url, "order_count", [(("c-3", None, None), (0,))], False, None)
     assert SEEN[-1]["body"]["query"] == wire.LOOKUP
+
+
+async def test_a_malformed_answer_to_coalesced_lookups_fails_each_of_them_and_hangs_none(peer_url: str) -> None:
+    client = PeerClient("node-7")
+    reads = [(("c-1", None, None), (0,))]
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(client.lookup(peer_url, s, reads, False, None) for s in ("garbled", "order_count")),
+                       return_exceptions=True),
+        timeout=10,
+    )  # fmt: skip
+    assert all(isinstance(a, PeerUnavailableError) for a in answers), answers

@@ -93,3 +93,22 @@ def test_avro_orders_plain_and_framed_equal_ground_truth_and_bad_avro_is_counted
         assert bad == 2
     finally:
         runner.stop()
+
+
+def test_producers_send_avro_to_an_avro_topic_and_a_misfit_line_is_a_bad_line(tmp_path: Path) -> None:
+    from iqgraph.app.data_file import BadLine, read_records
+    from iqgraph.streaming.avro import decode_avro, load_avro_schema
+    from iqgraph.streaming.decode import serialize_value
+
+    topic = Topic("orders", schema=SCHEMA, value_format="avro", event_time="ts")
+    app = App(name="avro", topics=[topic], stores=[key_value_store("orders", "orders", count())])
+    order = {"item": "a", "amount": 2.5, "note": None, "ts": 1_767_225_600_000}
+    decoded = decode_avro(serialize_value(topic, order), load_avro_schema(SCHEMA, topic="orders"))
+    assert decoded is not None and decoded["item"] == "a" and decoded["amount"] == 2.5
+    lines = [
+        b'{"key": "c-1", "value": {"item": "a", "amount": 1.0, "note": null, "ts": 1767225600000}}\n',
+        b'{"key": "c-2", "value": {"item": "a", "amount": "lots", "ts": 1767225600000}}\n',
+    ]
+    good = list(read_records(lines, app))
+    bad = [r for r in good if isinstance(r, BadLine)]
+    assert len(good) == 2 and len(bad) == 1 and "does not fit the Avro schema" in str(bad[0])

@@ -145,10 +145,17 @@ def test_joins_that_cannot_run_fail_at_load_with_one_line() -> None:
     table = table_store("songs", "songs")
     with pytest.raises(DefinitionError, match="on column 'song_id': a join on a column needs a global table"):
         App("m", topics, [table, key_value_store("n", "plays", count(), join=Join("songs", on="song_id"))])
-    with pytest.raises(DefinitionError, match="must have the same partitions"):
+    with pytest.raises(DefinitionError, match="must be co-partitioned — the same partitions"):
         App("m", topics, [table, key_value_store("n", "plays", count(), join=Join("songs"))])
     with pytest.raises(DefinitionError, match="joins 'nope', which is not a table store"):
         App("m", topics, [table, key_value_store("n", "plays", count(), join=Join("nope"))])
+    longs = [topics[0], Topic("songs", schema="genre STRING", partitions=2, table=True, key_format="long")]
+    with pytest.raises(DefinitionError, match=r"key format \(string vs long\)"):
+        App("m", longs, [table, key_value_store("n", "plays", count(), join=Join("songs"))])
+    with pytest.raises(DefinitionError, match="a table topic feeds only table_store.*no join"):
+        App("m", topics, [table, key_value_store("t", "songs", latest(), join=Join("songs"))])
+    with pytest.raises(DefinitionError, match="store 's' reads topic 'nowhere', which the app lacks"):
+        App("m", topics, [key_value_store("n", "plays", count(), join=Join("songs")), table_store("s", "nowhere")])
 
 
 def test_a_join_on_a_column_the_records_lack_fails_at_load_naming_it(spark: Any) -> None:
@@ -162,3 +169,11 @@ def test_a_join_on_a_column_the_records_lack_fails_at_load_naming_it(spark: Any)
     )
     with pytest.raises(DefinitionError, match="store 'n' joins 'songs' on column 'song', which its records lack"):
         value_types(app, spark)
+    songs = Topic("songs", schema="genre STRING", partitions=2, table=True, global_table=True)
+    plays = Topic("plays", schema="song_id DOUBLE, user STRING", partitions=2)
+    by_double = key_value_store("n", "plays", count(), join=Join("songs", on="song_id"))
+    with pytest.raises(DefinitionError, match="on column 'song_id' of type double: a table's keys are strings"):
+        value_types(App("m", [plays, songs], [table_store("songs", "songs"), by_double]), spark)
+    left = key_value_store("n", "plays", count(), key="genre", join=Join("songs", on="user", how="left"))
+    with pytest.raises(DefinitionError, match="keyed by 'genre', a column of table 'songs', with a left join"):
+        value_types(App("m", [plays, songs], [table_store("songs", "songs"), left]), spark)
