@@ -84,3 +84,9 @@ bench-query: install check-java
 .PHONY: bench-cluster
 bench-cluster: install check-java
 	$(BIN)/python bench/cluster.py
+
+# One entity query for 1,000 customers beside the same data as separate store fields, on 1 and 3 nodes
+# (docs/benchmarks.md). On a shared machine run it under the Spark lock: flock /tmp/iqgraph-spark.lock make bench-entities
+.PHONY: bench-entities
+bench-entities: install check-java
+	$(BIN)/python bench/entities.py
