@@ -3,7 +3,7 @@ example queries of the README and the one `iqgraph dev` generates for any app.""
 
 from __future__ import annotations
 
-import re
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ from iqgraph.examples import shop
 from iqgraph.examples import weblog as weblog_example
 from iqgraph.streaming.definitions import App
 from tests.app.test_cli import iqgraph
+from tests.readme_blocks import readme_queries
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,14 +26,10 @@ def shop_sdl() -> str:
     return result.stdout
 
 
-def _readme_queries() -> list[str]:
-    return re.findall(r"```graphql\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-
-
-def _generated_query(schema: GraphQLSchema, app: App) -> str:
+def _generated_query(schema: GraphQLSchema, app: App, events: int = 50) -> str:
     assert app.generator is not None
-    events = app.generator(7, 1_767_225_600_000)
-    samples = [(app.topics[0].name, key, value) for (key, value), _ in zip(events, range(50), strict=False)]
+    generated = app.generator(7, 1_767_225_600_000)
+    samples = [(t.name, k, v) for t, k, v in (app.addressed(e) for e, _ in zip(generated, range(events), strict=False))]
     return example_query(schema, app, sample_keys(app, samples))
 
 
@@ -42,24 +39,36 @@ def _assert_valid(schema: GraphQLSchema, query: str) -> None:
 
 
 def test_the_printed_sdl_is_the_snapshot(shop_sdl: str) -> None:
-    assert shop_sdl.strip() == (ROOT / "tests/schema/snapshots/shop.graphql").read_text().strip()
+    # the shop example as it ships: the schema tests' shop plus its global products table (catalog, Product)
+    path = ROOT / "tests/schema/snapshots/shop_example.graphql"
+    if os.environ.get("IQGRAPH_UPDATE_SNAPSHOTS") == "1":
+        path.write_text(shop_sdl.strip() + "\n")
+    assert shop_sdl.strip() == path.read_text().strip()
+    base = (ROOT / "tests/schema/snapshots/shop.graphql").read_text()
+    assert "type OrderCountStore" in base and "type Product " in shop_sdl and "type Product " not in base
 
 
 def test_readme_queries_validate_against_the_printed_sdl(shop_sdl: str) -> None:
-    schema = build_schema(shop_sdl)
-    assert len(_readme_queries()) >= 2
-    for query in _readme_queries():
-        _assert_valid(schema, query)
+    blocks = readme_queries()
+    assert len(blocks) >= 5 and {app for app, _ in blocks} == {None, "shop", "customers", "bookings"}
+    schemas = {None: build_schema(shop_sdl), "shop": build_schema(shop_sdl)}
+    for name in ("customers", "bookings"):
+        result = iqgraph("schema", "--app", f"iqgraph.examples.{name}:app")
+        assert result.returncode == 0, result.stderr
+        schemas[name] = build_schema(result.stdout)
+    for app, query in blocks:
+        _assert_valid(schemas[app], query)
 
 
 def test_the_generated_example_query_reads_every_store_and_validates(shop_sdl: str) -> None:
-    query = _generated_query(build_schema(shop_sdl), shop.app)
+    query = _generated_query(build_schema(shop_sdl), shop.app)  # the catalog's rows come first, then orders
     _assert_valid(build_schema(shop_sdl), query)
     assert 'orderCount { get(key: "customer-' in query
     assert "latestOrder { get(key: " in query and "orderId" in query  # an object value selects its scalars
     assert "ordersPerMinute { fetch(key: " in query and "start end value" in query
     assert 'itemsSold { mightContain(key: "' in query  # keyed by the item column, not the record key
-    assert query.count("(key:") == len(shop.app.stores)
+    assert 'catalog { get(key: "' in query and 'product(key: "' in query  # the global table and its entity
+    assert query.count("(key:") == len(shop.app.stores) + len(shop.app.entities)
 
 
 def test_the_sdl_of_two_apps_differ() -> None:

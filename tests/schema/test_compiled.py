@@ -7,7 +7,6 @@ valid and invalid, with variables, aliases and staleness bounds.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 
 from iqgraph.app.example_query import example_query
 from iqgraph.schema import build_schema
+from tests.readme_blocks import readme_queries
 from tests.schema.apps import ShopTruth, shop_app
 from tests.schema.conftest import Api, response_json
 
@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _readme_documents() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    return re.findall(r"```graphql\n(.*?)```", text, flags=re.DOTALL)
+    return [document for app, document in readme_queries() if app is None]  # the others: test_schema_cli
 
 
 def _plan(api: Api, query: str, operation: str | None = None) -> Any:
