@@ -54,7 +54,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -77,6 +76,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, bench/ comes first on sys.path; put the repository ahead of it.
 sys.path.insert(0, str(ROOT))
 
+from bench.cluster import machine, percentile  # noqa: E402 - the cluster bench's figures, shared
 from iqgraph.examples.customers import CUSTOMERS, build_app  # noqa: E402
 from iqgraph.examples.shop import _iso  # noqa: E402
 from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce  # noqa: E402
@@ -476,13 +476,6 @@ def time_shapes(
     }
 
 
-def percentile(values: list[float], q: int) -> float:
-    """Return the q-th percentile of values (inclusive method)."""
-    if len(values) < 2:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
 def latency(samples: Samples) -> dict[str, Any]:
     """Return p50, p90, p99, mean of the wall clock and the mean node CPU per query, in ms."""
     return {
@@ -549,16 +542,6 @@ def run_setup(
 
 
 # -- report ----------------------------------------------------------------------------------------------
-
-
-def machine() -> dict[str, object]:
-    """Return what the figures depend on besides the code."""
-    return {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(terse=True),
-        "load_1min": round(os.getloadavg()[0], 2),
-    }
 
 
 LABELS = {
