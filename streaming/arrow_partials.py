@@ -169,7 +169,7 @@ def _store_rows(table: pa.Table, plan: StorePlan, rows: _Rows) -> None:
         return
     if plan.aggregation == "latest_by_time":  # the last row of a group is then its latest by event time
         table = table.sort_by([("event_ms", "ascending"), ("offset", "ascending")])
-    elif plan.aggregation == "latest":  # the last row of a group is its latest (a join may reorder rows)
+    elif plan.aggregation == "latest" and plan.kind != "bloom":  # the last row is its latest (joins may reorder)
         table = table.sort_by("offset")
     grouped = table.group_by(group_keys, use_threads=False).aggregate(_aggregations(plan))
     partials = _partial_json(grouped, plan)
