@@ -20,7 +20,6 @@ is left out of the page and reported (PARTIAL_RESULT), never a silent gap.
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -32,6 +31,7 @@ from iqgraph.app.local_partitions import LocalPartitions, definition_of, store_i
 from iqgraph.app.membership import ClusterMap, Membership
 from iqgraph.app.merging import combiner, finalize, finalize_items, scan_merge
 from iqgraph.app.peers import PeerClient, PeerError, PeerUnavailableError
+from iqgraph.app.rankings import decode_rank_cursor, encode_rank_cursor, partition_positions
 from iqgraph.app.replicas import PeerStates
 from iqgraph.app.scatter import decode_positions, merge_pages, merged_page
 from iqgraph.schema.errors import (
@@ -44,7 +44,7 @@ from iqgraph.schema.errors import (
     api_error,
 )
 from iqgraph.schema.reports import Reports
-from iqgraph.schema.types import Answer, KeyQueryMetadata, NodeInfo, PartitionInfo, Request, Scan, StoreInfo
+from iqgraph.schema.types import Answer, KeyQueryMetadata, NodeInfo, PartitionInfo, Ranked, Request, Scan, StoreInfo
 from iqgraph.stores import InvalidCursorError, Key, Page, StoreKind, WindowedValue
 from iqgraph.streaming.definitions import App, StoreDefinition
 from iqgraph.streaming.partitioner import PartitionerEvidence, evidence_from_counters, resolve
@@ -148,7 +148,8 @@ class ClusterStoreQueries:
 
     def bind(self, reports: Reports, authorization: str | None = None) -> ClusterStoreQueries:
         """Return queries for one request: its reports, and the caller's Authorization for peers."""
-        bound = copy.copy(self)
+        bound = object.__new__(type(self))  # copy.copy, without its reduce protocol (once per request)
+        bound.__dict__.update(self.__dict__)
         bound.reports = reports
         bound.authorization = authorization
         return bound
@@ -265,7 +266,7 @@ class ClusterStoreQueries:
         for _ in range(MAX_ROUNDS):
             if not remaining:
                 break
-            excluded = {p: failed[p] | waiting[p] for p in set(failed) | set(waiting)}
+            excluded = {p: failed[p] | waiting[p] for p in set(failed) | set(waiting)} if failed or waiting else {}
             plan = routing.plan(
                 self.membership.current(), self._replica, topic, remaining, bound, excluded, self.node_id
             )
@@ -378,33 +379,40 @@ class ClusterStoreQueries:
     # -- lookups ------------------------------------------------------------------------------------
 
     async def lookup(self, store: str, kind: StoreKind, requests: Sequence[Request], max_lag: int | None) -> list[Any]:
-        """Return each lookup's value (finalized state) or the error it failed with, in request order."""
+        """Return each lookup's value (finalized state) or the error it failed with, in request order.
+
+        The executor plans, asks and fails over per *batch* — the lookups that need the same partitions —
+        not per lookup: a batch's reads are served together (one replica set, one answer each), so a getMany
+        of 1,000 keys over 6 partitions is 6 entries of bookkeeping, not 1,000.
+        """
         definition = definition_of(self.app, store, kind)
         bound = self._bound(max_lag)
         results: list[Any] = [None] * len(requests)
-        needs: dict[int, list[int]] = {}
         detected = self.partitioner(definition.topic)
         keys = [request[0] for request in requests]
+        batches: dict[tuple[int, ...], list[int]] = {}
         for i, where in enumerate(routing.store_keys_partitions(self.app, definition, keys, detected)):
             if isinstance(where, Exception):
                 results[i] = where
             else:
-                needs[i] = list(where)
+                batches.setdefault(where, []).append(i)
+        members = list(batches.values())
         windowed = definition.kind is StoreKind.WINDOW
 
         async def ask(server: routing.Server, group: routing.Group) -> Answer[dict[int, Any]]:
-            indexes = list(group.reads)
-            reads = [(requests[i], tuple(group.reads[i])) for i in indexes]
+            here = list(group.reads)
+            reads = [(requests[i], tuple(group.reads[b])) for b in here for i in members[b]]
             if server.node == self.node_id:
                 answer = self.local.read_states(store, reads)
             else:
                 assert self.peers is not None  # noqa: S101 - always set
                 answer = await self.peers.lookup(self._url(server.node), store, reads, windowed, self.authorization)
-            return Answer(dict(zip(indexes, answer.value, strict=True)), answer.positions, answer.lags)
+            return Answer(_per_batch(here, members, answer.value), answer.positions, answer.lags)
 
-        found = await self._execute(definition, needs, bound, ask, combiner(definition))
-        for i, value in found.items():
-            results[i] = value
+        needs = {b: list(where) for b, where in enumerate(batches)}
+        found = await self._execute(definition, needs, bound, ask, _each(combiner(definition)))
+        for b, value in found.items():
+            _spread(results, members[b], value)
         return [finalize(definition, r) for r in results]
 
     async def get_many(self, store: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Any]:
@@ -526,6 +534,33 @@ class ClusterStoreQueries:
         """Return RocksDB's estimate of the keys a store holds over the cluster."""
         return await self._count(store, False, max_lag)
 
+    # -- rankings -------------------------------------------------------------------------------------
+
+    async def top(
+        self, store: str, group: str | None, first: int, after: str | None, max_lag: int | None = None
+    ) -> list[Ranked]:
+        """Return the first members of a ranking's group (None: all) over the cluster, greatest value first.
+
+        Each partition's page of its index, resumed after the cursor's index key, merged and cut at first
+        (app.rankings): ranks continue from the cursor's.
+        """
+        rank, index_key = decode_rank_cursor(after, group)
+        partitions = self.app.topic(definition_of(self.app, store, StoreKind.RANKING).topic).partitions
+        resume = partition_positions(index_key, partitions)
+        page = await self.scan(store, StoreKind.RANKING, Scan("top", {"group": group}), first, resume, max_lag)
+        return [
+            Ranked(member, value, rank + i, encode_rank_cursor(rank + i, group, key))
+            for i, (member, value, key) in enumerate(page.items, start=1)
+        ]
+
+    # -- owner-side fields ----------------------------------------------------------------------------
+
+    async def call_many(self, field: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Any]:
+        """Return an owner-side field's value per key, run on a node serving the key (app.owner_calls)."""
+        from iqgraph.app.owner_calls import call_many  # it runs through this class's executor
+
+        return await call_many(self, field, keys, max_lag)
+
 
 async def _gather(asks: list[Awaitable[Any]]) -> list[Any]:
     if len(asks) == 1:  # one server (always, on a single node): no task of its own
@@ -534,6 +569,36 @@ async def _gather(asks: list[Awaitable[Any]]) -> list[Any]:
         except Exception as exc:  # noqa: BLE001 - the executor turns it into the group's error
             return [exc]
     return await asyncio.gather(*asks, return_exceptions=True)
+
+
+def _per_batch(batches: Sequence[int], members: Sequence[Sequence[int]], values: Sequence[Any]) -> dict[int, Any]:
+    """Return per batch its lookups' values (values: every batch's, in turn); the first error fails a batch.
+
+    The reads of one batch from one replica read the same partitions, so they fail together.
+    """
+    found: dict[int, Any] = {}
+    start = 0
+    for b in batches:
+        end = start + len(members[b])
+        part = values[start:end]
+        found[b] = next((v for v in part if isinstance(v, Exception)), part)
+        start = end
+    return found
+
+
+def _each(combine: Callable[[Any, Any], Any]) -> Callable[[list[Any], list[Any]], list[Any]]:
+    """Return how two partitions' values of one batch combine: lookup by lookup."""
+    return lambda a, b: [combine(x, y) for x, y in zip(a, b, strict=True)]
+
+
+def _spread(results: list[Any], indexes: Sequence[int], value: Any) -> None:
+    """Put a batch's values (or its error, in each place) at its lookups' indexes."""
+    if isinstance(value, Exception):
+        for i in indexes:
+            results[i] = value
+        return
+    for i, v in zip(indexes, value, strict=True):
+        results[i] = v
 
 
 def _as_api_error(exc: BaseException) -> ApiError:

@@ -2,8 +2,8 @@
 
 It is built from the served schema (introspected), so it is valid for any app: for each store one
 point read — ``get`` (key-value), ``fetch`` (window), ``mightContain`` (bloom) — with a key seen in
-the data fed to the app, and every scalar field of the value selected; then each entity for a key one of
-its stores has, with its scalar fields.
+the data fed to the app, and every scalar field of the value selected (a ranking: its top five over all
+groups); then each entity for a key one of its stores has, with its scalar fields.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from iqgraph.streaming.definitions import App
 
 #: The point read tried on each store type, in this order.
 POINT_READS = ("get", "fetch", "mightContain")
+TOP_N = 5
 INTROSPECTION = get_introspection_query(descriptions=False)
 MAX_FIELDS = 8
 
@@ -76,7 +77,8 @@ def _point_read(store_type: Any, key: Any) -> str:
         field = store_type.fields.get(name)
         if field is not None:
             return f"{name}(key: {orjson.dumps(key).decode()}){_selection(field)}"
-    return ""
+    top = store_type.fields.get("top")  # a ranking: its head over every group
+    return f"top(first: {TOP_N}){_selection(top)}" if top is not None else ""
 
 
 def _selection(field: GraphQLField) -> str:

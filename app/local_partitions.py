@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
 from iqgraph.app.merging import combiner
@@ -48,6 +49,9 @@ from iqgraph.streaming.definitions import App, StoreDefinition
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType
 
+    from iqgraph.app.owner_fields import OwnerFieldRunner
+    from iqgraph.stores import Key
+
 EndOffset = Callable[[str, int], int | None]
 FAR_PAST, FAR_FUTURE = -(1 << 62), 1 << 62
 
@@ -64,12 +68,13 @@ def store_info(app: App, store: StoreDefinition, value_type: DataType) -> StoreI
         partitions=topic.partitions,
         co_partitioned=store.co_partitioned,
         description=store.description,
-        aggregation=None if store.kind is StoreKind.BLOOM else store.aggregate.kind,
+        aggregation=None if store.kind in (StoreKind.BLOOM, StoreKind.RANKING) else store.aggregate.kind,
         window_size_ms=store.window.size_ms if store.window else None,
         window_advance_ms=store.window.advance if store.window else None,
         false_positive_rate=store.bloom.error_rate if store.bloom else None,
         relations=tuple(RelationInfo(r.field, r.entity, r.column) for r in store.relations),
         table=topic.table,
+        extra={"ranks": store.ranks, "group": store.group} if store.kind is StoreKind.RANKING else {},
     )
 
 
@@ -187,8 +192,12 @@ class LocalPartitions:
         definition = definition_of(self.app, store)
         results: list[Any] = [None] * len(reads)
         by_partitions: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        last: Sequence[int] | None = None
+        bucket: list[int] = []
         for i, (_, partitions) in enumerate(reads):
-            by_partitions[tuple(sorted(partitions))].append(i)
+            if partitions != last:  # a caller's reads of one batch come in a row, with the same partitions
+                bucket, last = by_partitions[tuple(sorted(partitions))], partitions
+            bucket.append(i)
         combine = combiner(definition)
         positions: dict[int, int] = {}
         lags: dict[int, int] = {}
@@ -249,6 +258,8 @@ class LocalPartitions:
             return stores.kv(name).range(a.get("from_key"), a.get("to_key"), first, after, states=True)
         if scan.kind == "prefix":
             return stores.kv(name).prefix(a["prefix"], first, after, states=True)
+        if scan.kind == "top":
+            return stores.ranking(name).top(a.get("group"), first, after)
         window = stores.window(name)
         lo, hi = a.get("time_from", FAR_PAST), a.get("time_to", FAR_FUTURE)
         if scan.kind == "fetch_all":
@@ -277,6 +288,21 @@ class LocalPartitions:
             return stores.bloom(name).approximate_count()
         if definition.kind is StoreKind.KEY_VALUE:
             return stores.kv(name).count() if exact else stores.kv(name).approximate_num_entries()
+        if definition.kind is StoreKind.RANKING:
+            return stores.ranking(name).count()
         if exact:
             return stores.window(name).count()
         return stores.db.family(name).property_int_value("rocksdb.estimate-num-keys") or 0
+
+    # -- owner-side fields ----------------------------------------------------------------------------
+
+    @cached_property
+    def owner_fields(self) -> OwnerFieldRunner:
+        """Return the runner of the app's owner-side fields over these partitions (made on first use)."""
+        from iqgraph.app.owner_fields import OwnerFieldRunner  # it reads through this class
+
+        return OwnerFieldRunner(self)
+
+    async def call(self, field: str, calls: Sequence[tuple[Key, tuple[int, ...]]]) -> Answer[list[Any]]:
+        """Return an owner-side field's value per (key, partitions), run on this node (app.owner_fields)."""
+        return await self.owner_fields.call(field, calls)

@@ -14,14 +14,14 @@ from typing import Any
 from iqgraph.app.scatter import Merge
 from iqgraph.schema.types import Scan
 from iqgraph.stores import KeyCodec, StoreKind, WindowedValue
-from iqgraph.stores.aggregations import Aggregation, aggregation_named, merge_state
+from iqgraph.stores.aggregations import Aggregation, merge_state
 from iqgraph.stores.codecs import encode_int64
 from iqgraph.streaming.definitions import App, StoreDefinition
 
 
 def aggregation_of(definition: StoreDefinition) -> Aggregation:
-    """Return the aggregation a store's states are merged with."""
-    return aggregation_named(definition.aggregation)
+    """Return the aggregation a store's states are merged with (a built-in or a user's, as JSON states)."""
+    return definition.state_aggregation
 
 
 def combiner(definition: StoreDefinition) -> Callable[[Any, Any], Any]:
@@ -67,6 +67,8 @@ def key_codec(app: App, definition: StoreDefinition) -> KeyCodec:
 
 def scan_merge(app: App, definition: StoreDefinition, scan: Scan) -> Merge[Any]:
     """Return how the items of a scan's partition pages are ordered, combined and located."""
+    if scan.kind == "top":  # (member, value, index key): a member lives in one partition, nothing to combine
+        return Merge(sort_key=lambda item: item[2], position_of=lambda item: item[2])
     codec = key_codec(app, definition)
     agg = aggregation_of(definition)
     if scan.kind in ("range", "prefix"):
@@ -92,7 +94,9 @@ def scan_merge(app: App, definition: StoreDefinition, scan: Scan) -> Merge[Any]:
 
 
 def finalize_items(definition: StoreDefinition, scan: Scan, items: list[Any]) -> list[Any]:
-    """Return a scan's merged state items as values."""
+    """Return a scan's merged state items as values (a ranking's index holds values already)."""
+    if scan.kind == "top":
+        return items
     agg = aggregation_of(definition)
     if scan.kind in ("range", "prefix"):
         return [(k, agg.finalize(v)) for k, v in items]

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
+import orjson
 
 from iqgraph.schema import wire
-from iqgraph.schema.asgi import FORWARDED_HEADER
+from iqgraph.schema.asgi import FORWARDED_HEADER, encode_json
 from iqgraph.schema.errors import NODE_UNAVAILABLE
 from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
 
@@ -133,19 +134,18 @@ class PeerClient:
     async def _send(
         self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None
     ) -> dict[str, Any]:
-        headers = {FORWARDED_HEADER: self.node_id}
+        headers = {FORWARDED_HEADER: self.node_id, "content-type": "application/json"}
         if authorization:
             headers["authorization"] = authorization
+        content = encode_json({"query": query, "variables": variables})
         try:
-            response = await self._client().post(
-                f"{url}/graphql", json={"query": query, "variables": variables}, headers=headers
-            )
+            response = await self._client().post(f"{url}/graphql", content=content, headers=headers)
         except httpx.HTTPError as exc:
             raise PeerUnavailableError(f"peer {url} is unreachable: {exc.__class__.__name__}") from exc
         if response.status_code >= 500:
             raise PeerUnavailableError(f"peer {url} failed with HTTP {response.status_code}")
         try:
-            body = response.json()
+            body = orjson.loads(response.content)
         except ValueError as exc:
             raise PeerUnavailableError(f"peer {url} answered something that is not JSON") from exc
         if not isinstance(body, dict):

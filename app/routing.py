@@ -44,6 +44,8 @@ from iqgraph.streaming.definitions import App, KeyFormat, StoreDefinition
 from iqgraph.streaming.partitioner import candidates_many, serialize_key
 
 RUNNING, UNKNOWN, DOWN = "RUNNING", "UNKNOWN", "DOWN"
+#: Where a read of a key goes: its partitions, or why it cannot be read.
+Routed = tuple[int, ...] | InvalidKeyError | ApiError
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,28 @@ def keys_partitions(
 
     The keys are checked one by one and hashed as one batch (``candidates_many``).
     """
+    found, routed = _checked(keys, key_type)
+    if not co_partitioned:
+        every = tuple(range(partitions))
+        for i in routed:
+            found[i] = every
+        return found
+    if len(routed) == len(keys) and key_format != "long" and key_type == "string":
+        serialized = [key.encode() for key in keys]  # type: ignore[union-attr] # every key is a checked str
+    else:
+        serialized = [serialize_key(keys[i], key_format) for i in routed]
+    candidates = candidates_many(serialized, partitions, detected)
+    for i, where in zip(routed, candidates, strict=True):
+        found[i] = _mismatch(topic, detected) if where is None else where
+    return found
+
+
+def _checked(keys: Sequence[Key], key_type: KeyType) -> tuple[list[Routed], list[int]]:
+    """Return per key () or why it cannot be read, and the indexes of the keys that can (to route)."""
+    if key_type == "string" and all(type(key) is str and key for key in keys):  # the common case, in one pass
+        return [()] * len(keys), list(range(len(keys)))
     codec = KeyCodec(key_type)
-    found: list[tuple[int, ...] | InvalidKeyError | ApiError] = []
+    found: list[Routed] = []
     routed: list[int] = []
     for key in keys:
         try:
@@ -128,15 +150,7 @@ def keys_partitions(
             continue
         routed.append(len(found))
         found.append(())
-    if not co_partitioned:
-        every = tuple(range(partitions))
-        for i in routed:
-            found[i] = every
-        return found
-    candidates = candidates_many([serialize_key(keys[i], key_format) for i in routed], partitions, detected)
-    for i, where in zip(routed, candidates, strict=True):
-        found[i] = _mismatch(topic, detected) if where is None else where
-    return found
+    return found, routed
 
 
 def _mismatch(topic: str, detected: str) -> ApiError:
@@ -185,18 +199,14 @@ def choose(
 ) -> Server | Refusal:
     """Return the replica that serves topic-partition under the failover rules, or why none can."""
     owners = cmap.owners_of(topic, partition)
-    usable = [
-        n
-        for n in _replicas(owners)
-        if cmap.is_up(n) and n not in excluded and replicas(n, topic, partition).state != DOWN
-    ]
+    known = {n: replicas(n, topic, partition) for n in _replicas(owners) if cmap.is_up(n) and n not in excluded}
+    usable = [n for n, s in known.items() if s.state != DOWN]
     restoring: str | None = None
     if owners.active in usable:
-        active = replicas(owners.active, topic, partition)
-        if active.state in (RUNNING, UNKNOWN):
+        if known[owners.active].state in (RUNNING, UNKNOWN):
             return Server(owners.active, "active")
         restoring = owners.active
-    standbys = [(n, replicas(n, topic, partition)) for n in usable if n != owners.active]
+    standbys = [(n, known[n]) for n in usable if n != owners.active]
     if bound is not None:
         fresh = [(s.lag, n != prefer, n) for n, s in standbys if s.state == RUNNING and s.lag is not None]
         within = sorted(c for c in fresh if c[0] <= bound)

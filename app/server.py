@@ -142,6 +142,7 @@ def pipeline_json(pipeline: PipelineInfo) -> dict[str, Any]:
 def graphql_app(node: Node) -> Any:
     """Return the Strawberry ASGI app answering the node's store queries."""
     from iqgraph.app.local_partitions import entity_infos
+    from iqgraph.app.owner_fields import owner_field_infos
     from iqgraph.schema import GraphQLApp, Limits, build_schema
 
     assert node.queries is not None and node.local is not None  # noqa: S101 - started before serving
@@ -153,6 +154,7 @@ def graphql_app(node: Node) -> Any:
         node.queries.stores(),
         limits,
         entities=entity_infos(node.app),
+        owner_fields=owner_field_infos(node.app),
         description=node.app.description,
         metrics=node.metrics.graphql,
         extensions=tracing_extensions(settings.tracing),
@@ -226,6 +228,7 @@ def _note_signal(sig: int, _frame: object) -> None:
 def print_schema(app: App) -> int:
     """Print the SDL of app's schema (value types need a brief local Spark session)."""
     from iqgraph.app.local_partitions import entity_infos, store_info
+    from iqgraph.app.owner_fields import owner_field_infos
     from iqgraph.schema import Limits, build_schema
     from iqgraph.streaming.session import build_spark_session
     from iqgraph.streaming.value_types import value_types
@@ -236,6 +239,8 @@ def print_schema(app: App) -> int:
     finally:
         spark.stop()
     stores = [store_info(app, s, types[s.name]) for s in app.stores]
-    schema = build_schema(stores, Limits(), entities=entity_infos(app), description=app.description)
+    schema = build_schema(
+        stores, Limits(), entities=entity_infos(app), owner_fields=owner_field_infos(app), description=app.description
+    )
     sys.stdout.write(schema.as_str() + "\n")
     return 0

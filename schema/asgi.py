@@ -10,6 +10,7 @@ never Strawberry's plain text.
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -29,17 +30,36 @@ from iqgraph.schema.builder import IqGraphSchema
 from iqgraph.schema.context import Context, request_context
 from iqgraph.schema.errors import GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILED
 from iqgraph.schema.graphiql import graphiql_html
+from iqgraph.schema.internal import answer_lookups, lookup_fields
 from iqgraph.schema.limits import Limits
 
 if TYPE_CHECKING:
     import strawberry
     from starlette.types import Receive, Scope, Send
 
+    from iqgraph.schema.compiled import RequestMetrics
     from iqgraph.schema.types import PeerQueries, StoreQueries
 
 
 #: The header that marks a peer's forwarded sub-request: it is answered from local partitions only.
 FORWARDED_HEADER = "x-iqgraph-forwarded"
+
+
+def _sub_response(media_type: str | None) -> Response:
+    """Return the response resolvers may add headers to, as Strawberry makes it, with the negotiated media type."""
+    sub_response = Response()
+    sub_response.status_code = None  # type: ignore[assignment]
+    del sub_response.headers["content-length"]
+    sub_response.media_type = media_type
+    return sub_response
+
+
+def encode_json(data: object) -> bytes:
+    """Return the JSON of a request or response body (orjson; json for what orjson refuses, e.g. huge ints)."""
+    try:
+        return orjson.dumps(data)
+    except TypeError:
+        return json.dumps(data, separators=(",", ":")).encode()
 
 
 class GraphQLApp(GraphQL[Context, None]):
@@ -74,14 +94,12 @@ class GraphQLApp(GraphQL[Context, None]):
 
     async def get_sub_response(self, request: Request | WebSocket) -> Response:
         """Return the response resolvers may add headers to; its media_type is the one Accept chose (or 406)."""
-        sub_response = await super().get_sub_response(request)
         accept = request.headers.get("accept")
         media_type = http_spec.negotiate(accept)
         if media_type is None and isinstance(request, Request):
             if not self.should_render_graphql_ide(StarletteRequestAdapter(request)):
                 raise http_spec.not_acceptable(accept or "")
-        sub_response.media_type = media_type
-        return sub_response
+        return _sub_response(media_type)
 
     async def parse_http_body(self, request: AsyncHTTPRequestAdapter) -> GraphQLRequestData:
         """Return the GraphQL-over-HTTP request of a GET's query string or a POST's JSON body."""
@@ -146,11 +164,8 @@ class GraphQLApp(GraphQL[Context, None]):
         return HTMLResponse(graphiql_html(request.url.path))
 
     def encode_json(self, data: object) -> bytes:
-        """Return the JSON of a response body (orjson; json for what orjson refuses, e.g. huge ints)."""
-        try:
-            return orjson.dumps(data)
-        except TypeError:
-            return json.dumps(data, separators=(",", ":")).encode()
+        """Return the JSON of a response body (``encode_json``)."""
+        return encode_json(data)
 
     async def compiled_response(self, request: Request) -> Response | None:
         """Return the response of a request a compiled plan answers; None for the Strawberry path.
@@ -176,14 +191,34 @@ class GraphQLApp(GraphQL[Context, None]):
                 data = http_spec.graphql_request(http_spec.decode_body(await request.body()))
         except HTTPException:
             return None
-        sub_response = await self.get_sub_response(request)
-        context = await self.get_context(request, sub_response)
-        result = await schema.execute_compiled(
-            data.query, data.variables, context, data.operation_name, data.extensions
-        )
+        sub_response = _sub_response(media_type)  # what get_sub_response gives for a media type Accept chose
+        result = self._forwarded_lookups(request, data, schema.request_metrics)
+        if result is None:
+            context = await self.get_context(request, sub_response)
+            result = await schema.execute_compiled(
+                data.query, data.variables, context, data.operation_name, data.extensions
+            )
         if result is None:
             return None
         return self.create_response(await self.process_result(request, result), sub_response)
+
+    def _forwarded_lookups(
+        self, request: Request, data: GraphQLRequestData, metrics: RequestMetrics | None
+    ) -> ExecutionResult | None:
+        """Return the result of a peer's forwarded point reads (schema.internal's lean path); None otherwise."""
+        if self._local is None or FORWARDED_HEADER not in request.headers or data.extensions:
+            return None
+        fields = lookup_fields(data.query)
+        if fields is None or data.operation_name is not None:
+            return None
+        started = time.perf_counter()
+        variables = data.variables or {}
+        answered = answer_lookups(self._local, fields, variables)
+        if answered is None:
+            return None
+        if metrics is not None:
+            metrics.observe_fields(fields, variables, time.perf_counter() - started, [])
+        return ExecutionResult(data=answered, errors=None, extensions={})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI connection; HTTP requests that are not GraphQL get a JSON error."""

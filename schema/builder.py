@@ -33,6 +33,9 @@ relation fields             ``Relation("product", "Product", column="item")``: `
                             Product`` after ``item`` in the value type (instead of the column if
                             named like it); no column: on ``<Base>Entry`` / ``<Base>Window``,
                             following the key (schema.relations)
+owner-side fields           ``favourite_genre``: ``favouriteGenre(key, maxLag): <its type>`` and
+                            ``favouriteGenreMany(keys, maxLag): [<its type>]``; a struct type is
+                            named ``FavouriteGenre`` (schema.owner_fields)
 ==========================  ===============================================================
 
 Fields that read stores are nullable, so a failure (an error in ``errors`` with its path) nulls only
@@ -78,11 +81,13 @@ from iqgraph.schema.limits import Limits
 from iqgraph.schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fields
 from iqgraph.schema.metrics import GraphQLMetrics, MetricsExtension
 from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
+from iqgraph.schema.owner_fields import call_field, owner_root_fields
+from iqgraph.schema.ranking_fields import ranking_type
 from iqgraph.schema.relations import Target, entry_fields, value_links
 from iqgraph.schema.reports import ClusterReports
 from iqgraph.schema.resolving import MAX_LAG, StorePlan, StoreScope, checked_bound
 from iqgraph.schema.scalars import SCALARS, Long
-from iqgraph.schema.types import EntityInfo, StoreInfo
+from iqgraph.schema.types import EntityInfo, OwnerFieldInfo, StoreInfo
 from iqgraph.schema.value_types import LinkError, ValueTypes
 from iqgraph.schema.window_fields import WindowNode, window_node, window_type
 
@@ -103,11 +108,12 @@ RESERVED_TYPES = {
     "Boolean",
     "ID",
 }
-_NODE_SUFFIX = {"key_value": "Entry", "window": "Window", "bloom": ""}
+_NODE_SUFFIX = {"key_value": "Entry", "window": "Window", "bloom": "", "ranking": "Entry"}
 _BUILDERS: dict[str, Callable[[StorePlan], type]] = {
     "key_value": key_value_type,
     "window": window_type,
     "bloom": bloom_type,
+    "ranking": ranking_type,
 }
 
 
@@ -265,11 +271,28 @@ def _entity_fields(
     return fields
 
 
+def _owner_fields(
+    owner_fields: Sequence[OwnerFieldInfo],
+    limits: Limits,
+    names: TypeNames,
+    plans: Mapping[str, StorePlan],
+    entity_fields: Sequence[Field],
+) -> list[Field]:
+    """Return the root fields of the owner-side fields, and the internal _call if there are any."""
+    if not owner_fields:
+        return []
+    taken = {p.field: f"store {name!r}" for name, p in plans.items()}
+    taken.update({field: "the metadata" for field in METADATA_FIELDS})
+    taken.update({f.name: "an entity" for f in entity_fields})
+    return [*owner_root_fields(owner_fields, limits, names, taken), call_field()]
+
+
 def build_schema(
     stores: Sequence[StoreInfo],
     limits: Limits | None = None,
     *,
     entities: Sequence[EntityInfo] = (),
+    owner_fields: Sequence[OwnerFieldInfo] = (),
     description: str | None = None,
     cache_size: int = DEFAULT_CACHE_SIZE,
     metrics: GraphQLMetrics | None = None,
@@ -279,7 +302,7 @@ def build_schema(
     """Return the schema in which every store and every entity is a typed root field, next to the metadata fields.
 
     entities: key spaces whose stores compose into one type each (schema.entities), and the targets of the
-    stores' relations (schema.relations).
+    stores' relations (schema.relations). owner_fields: functions run on a key's owner (schema.owner_fields).
 
     limits sets the documented defaults (page size) and the alias limit; the request context (see
     context_getter) enforces the rest, so give both the same Limits. The parser and validation
@@ -298,6 +321,7 @@ def build_schema(
         *entity_fields,
         *metadata_fields(plans),
         *internal_fields(),
+        *_owner_fields(owner_fields, settled, names, plans, entity_fields),
     ]
     query = object_type("Query", fields, description)
     alias_rule = settled.alias_rule()  # one class for every request, so the validation cache hits

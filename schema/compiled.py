@@ -319,12 +319,17 @@ def _completer(kind: GraphQLOutputType, node: FieldNode, parent: GraphQLObjectTy
     if isinstance(kind, GraphQLList):
         item_type = kind.of_type
         item = _completer(item_type, node, parent, field_name)
+        leaves = _leaf_items(item_type)
 
         def complete_list(value: Any, path: Path, errors: _Errors, run: _Run) -> Any:
             if isinstance(value, Exception):
                 raise value
             if value is None:
                 return None
+            if leaves is not None and type(value) is list:
+                done = leaves(value)
+                if done is not None:
+                    return done
             return _complete_items(value, item, item_type, node, path, errors, run)
 
         return complete_list
@@ -359,6 +364,33 @@ def _completer(kind: GraphQLOutputType, node: FieldNode, parent: GraphQLObjectTy
 
         return complete_object
     raise _Unsupported(f"type {kind} runs on graphql-core")
+
+
+def _leaf_items(item_type: GraphQLOutputType) -> Callable[[list[Any]], list[Any] | None] | None:
+    """Return how a list of scalars completes in one pass (None: items of another kind).
+
+    The pass answers None — and the item-by-item completion runs, errors and all — unless every item
+    completes without an error: no exception in its place, no output coercion failing, no null where
+    the items are non-null. Coercing a scalar has no side effect, so running both costs only time.
+    """
+    non_null = isinstance(item_type, GraphQLNonNull)
+    leaf = item_type.of_type if isinstance(item_type, GraphQLNonNull) else item_type
+    if not isinstance(leaf, GraphQLScalarType | GraphQLEnumType):
+        return None
+    coerce = leaf.coerce_output_value
+
+    def complete(values: list[Any]) -> list[Any] | None:
+        if any(isinstance(v, Exception) for v in values):
+            return None
+        try:
+            done = [None if v is None else coerce(v) for v in values]
+        except Exception:  # noqa: BLE001 - the item-by-item completion reports it where it happened
+            return None
+        if None in done and (non_null or done.count(None) != values.count(None)):
+            return None
+        return done
+
+    return complete
 
 
 _TYPENAME = GraphQLNonNull(GraphQLString)
@@ -605,5 +637,10 @@ class RequestMetrics:
 
     def observe(self, plan: CompiledQuery, variables: Mapping[str, Any], elapsed: float, errors: list[Any]) -> None:
         """Count and time one compiled request per root field and store, and its errors per code."""
-        fields = [f.node for f in plan.root_fields]
+        self.observe_fields([f.node for f in plan.root_fields], variables, elapsed, errors)
+
+    def observe_fields(
+        self, fields: Iterable[FieldNode], variables: Mapping[str, Any], elapsed: float, errors: list[Any]
+    ) -> None:
+        """Count and time one request of these root fields per root field and store, and its errors per code."""
         self.metrics.observe_request(request_labels(fields, variables, self.store_fields, self.stores), elapsed, errors)

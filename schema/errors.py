@@ -20,6 +20,8 @@ Expected failures are ApiErrors, most of them translated from the stores excepti
                                          PARTITIONER_MISMATCH + topic, partitioner (keys no known
                                                              partitioner explains: cannot route)
     reported beside data (schema.reports) PARTIAL_RESULT     + store, missingPartitions, reasons
+    an owner-side field (app.owner_fields) TIMEOUT           + field, timeoutMs (its function ran
+                                                             longer; one that raised is INTERNAL)
     the REST path (app.rest)             NOT_FOUND          (404: the store has no such key)
 
 An HTTP request that is not GraphQL (body not JSON, no query) is ``BAD_REQUEST`` (schema.asgi).
@@ -71,6 +73,7 @@ NODE_UNAVAILABLE = "NODE_UNAVAILABLE"
 PARTITIONER_MISMATCH = "PARTITIONER_MISMATCH"
 PARTIAL_RESULT = "PARTIAL_RESULT"
 NOT_FOUND = "NOT_FOUND"
+TIMEOUT = "TIMEOUT"
 GRAPHQL_PARSE_FAILED = "GRAPHQL_PARSE_FAILED"
 GRAPHQL_VALIDATION_FAILED = "GRAPHQL_VALIDATION_FAILED"
 BAD_REQUEST = "BAD_REQUEST"

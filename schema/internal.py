@@ -10,9 +10,12 @@ place. These fields start with ``_``: they are for peers, not for clients.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 import strawberry
+from graphql import FieldNode, OperationDefinitionNode, VariableNode, parse
 from strawberry.scalars import JSON
 
 from iqgraph.schema import wire
@@ -22,6 +25,8 @@ from iqgraph.schema.resolving import context
 from iqgraph.schema.types import PeerQueries, Scan
 
 INTERNAL_FIELDS = ("_lookup", "_scan", "_count")
+#: The documents of point reads peers send (``wire.lookups(n)``), by their text.
+_LOOKUP_DOCUMENTS = {wire.lookups(n): n for n in range(1, wire.MAX_LOOKUPS + 1)}
 
 
 def _local(info: strawberry.Info) -> PeerQueries:
@@ -90,3 +95,41 @@ def internal_fields() -> list[Field]:
             "Internal (peers): entries in the given partitions.",
         ),
     ]
+
+
+@lru_cache(maxsize=wire.MAX_LOOKUPS)
+def _lookup_fields(query: str) -> tuple[FieldNode, ...]:
+    """Return the root fields of a peers' point-read document (parsed once)."""
+    operation = parse(query).definitions[0]
+    assert isinstance(operation, OperationDefinitionNode)  # noqa: S101 - wire.lookups writes one operation
+    return tuple(f for f in operation.selection_set.selections if isinstance(f, FieldNode))
+
+
+def lookup_fields(query: str | None) -> tuple[FieldNode, ...] | None:
+    """Return the root fields of query if it is one of the point-read documents peers send, else None."""
+    if query is None or query not in _LOOKUP_DOCUMENTS:
+        return None
+    return _lookup_fields(query)
+
+
+def answer_lookups(local: PeerQueries, fields: tuple[FieldNode, ...], variables: Mapping[str, Any]) -> Any:
+    """Return the data of a peers' point-read document, read as the ``_lookup`` resolver reads; None if it can't.
+
+    The lean path of forwarded point reads: no graphql-core execution. It answers only when every field
+    answers: a variable of the wrong type, reads that do not decode or a store read that fails leave the
+    request to graphql-core (None), which answers it with the field's own error — reads have no side effect.
+    """
+    answers: dict[str, Any] = {}
+    for field in fields:
+        arguments = {a.name.value: a.value for a in field.arguments or ()}
+        store, reads = arguments.get("store"), arguments.get("reads")
+        if not (isinstance(store, VariableNode) and isinstance(reads, VariableNode)):
+            return None
+        name, encoded = variables.get(store.name.value), variables.get(reads.name.value)
+        if type(name) is not str:
+            return None
+        try:
+            answers[(field.alias or field.name).value] = local.read_states(name, wire.decode_reads(encoded))
+        except Exception:  # noqa: BLE001 - graphql-core answers it, with the field's error
+            return None
+    return {alias: wire.encode_lookup(answer) for alias, answer in answers.items()}

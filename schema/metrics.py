@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from graphql import (
@@ -56,6 +56,9 @@ class GraphQLMetrics:
     duration: Histogram  # labels: field, store (seconds)
     errors: Counter  # labels: code
     keys_per_lookup: Histogram  # labels: store
+    # each label set's children, made once (labels() takes a lock and checks the labels on every call)
+    _children: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
+    _lookups: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def observe_request(
         self,
@@ -68,16 +71,22 @@ class GraphQLMetrics:
 
         bad_request: the request was refused before execution (it counts as one BAD_REQUEST error).
         """
-        for field, store in labels or [("", "")]:
-            self.requests.labels(field, store).inc()
-            self.duration.labels(field, store).observe(elapsed)
+        for label in labels or [("", "")]:
+            children = self._children.get(label)
+            if children is None:  # bounded: root fields × stores
+                children = self._children[label] = (self.requests.labels(*label), self.duration.labels(*label))
+            children[0].inc()
+            children[1].observe(elapsed)
         codes = [BAD_REQUEST] if bad_request else [(e.extensions or {}).get("code") for e in with_codes(errors)]
         for code in codes:
             self.errors.labels(metric_code(code)).inc()
 
     def observe_lookup(self, store: str, keys: int) -> None:
         """Record one batched lookup of keys keys in store."""
-        self.keys_per_lookup.labels(store).observe(keys)
+        child = self._lookups.get(store)
+        if child is None:
+            child = self._lookups[store] = self.keys_per_lookup.labels(store)
+        child.observe(keys)
 
 
 def root_fields(document: DocumentNode, operation_name: str | None) -> list[FieldNode]:

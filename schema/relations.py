@@ -41,7 +41,11 @@ MAX_LAG = (
     "extensions.maxLag, else the node's --max-lag (not the bound of the field it is under)."
 )
 #: The fields an entry type has before its relations, per store kind.
-ENTRY_FIELDS = {"key_value": ("key", "value"), "window": ("key", "start", "end", "value")}
+ENTRY_FIELDS = {
+    "key_value": ("key", "value"),
+    "window": ("key", "start", "end", "value"),
+    "ranking": ("member", "value", "rank", "cursor"),
+}
 
 
 @dataclass(frozen=True)

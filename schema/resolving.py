@@ -6,8 +6,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from aiodataloader import DataLoader
-
 from iqgraph.schema.errors import api_error, invalid_argument, store_errors
 from iqgraph.schema.keys import KeyKind
 from iqgraph.schema.limits import Limits
@@ -19,6 +17,7 @@ if TYPE_CHECKING:
 
     from iqgraph.schema.context import Context
     from iqgraph.schema.dynamic import Field
+    from iqgraph.schema.loaders import DataLoader
     from iqgraph.schema.types import StoreInfo, StoreQueries
 
 MAX_LAG = (
@@ -98,6 +97,11 @@ async def load_each(loader: DataLoader[Any, Any], keys: Sequence[Any], convert: 
         found = await loader.load(tuple(keys))
     except Exception as exc:  # noqa: BLE001 - the whole batch failed: every key reports it, as a lone key would
         return [exc for _ in keys]
+    if not any(isinstance(result, BaseException) for result in found):
+        try:
+            return [convert(result) for result in found]  # the common case: every key read, in one pass
+        except StoreError:
+            pass  # _converted puts the error in place of the value that failed
     return [_converted(result, convert) for result in found]
 
 

@@ -122,7 +122,7 @@ class StoreInfo:
     """A store as the schema describes it."""
 
     name: str
-    kind: str  # "key_value" | "window" | "bloom"
+    kind: str  # "key_value" | "window" | "bloom" | "ranking"
     key_type: str  # "string" | "int"
     value_type: DataType
     topic: str
@@ -138,7 +138,17 @@ class StoreInfo:
     table: bool = False  # fed from a table topic: latest value per key, tombstones delete
 
 
-SCAN_KINDS = ("range", "prefix", "fetch_all", "fetch_range")
+@dataclass(frozen=True)
+class Ranked:
+    """A member of a ranking: its value, its rank (1 = the greatest value) and the cursor to resume after it."""
+
+    member: Any
+    value: Any
+    rank: int
+    cursor: str
+
+
+SCAN_KINDS = ("range", "prefix", "fetch_all", "fetch_range", "top")
 
 
 @dataclass(frozen=True)
@@ -181,6 +191,10 @@ class PeerQueries(Protocol):
 
     def count(self, store: str, partitions: Sequence[int], exact: bool = True) -> Answer[dict[int, Any]]:
         """Return per given partition its entries (exact, or RocksDB's estimate; bloom: estimate) or an exception."""
+        ...
+
+    async def call(self, field: str, calls: Sequence[tuple[Key, tuple[int, ...]]]) -> Answer[list[Result]]:
+        """Return an owner-side field's value per (key, partitions), run here (an exception if it failed)."""
         ...
 
 
@@ -278,3 +292,24 @@ class StoreQueries(Protocol):
     ) -> Page[WindowedValue]:
         """Return a page of the windows of keys in [from_key, to_key] with start in the range, by key then time."""
         ...
+
+    async def top(
+        self, store: str, group: str | None, first: int, after: str | None, max_lag: int | None = None
+    ) -> list[Ranked]:
+        """Return the first members of a ranking's group (None: all groups) from the greatest value down."""
+        ...
+
+    async def call_many(self, field: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Result]:
+        """Return an owner-side field's value per key, each run on the node serving the key (app.owner_fields)."""
+        ...
+
+
+@dataclass(frozen=True)
+class OwnerFieldInfo:
+    """An owner-side field as the schema shows it: root fields ``<name>(key)`` and ``<name>Many(keys)``."""
+
+    name: str
+    key_type: str  # "string" | "int": the keys of the store it routes by
+    value_type: DataType
+    store: str  # the store whose key's owner runs it
+    description: str | None = None

@@ -14,17 +14,21 @@ module: the peer client (``app.peers``) and the internal fields.
     scan answer    {"pages": {"<p>": {"items": [[key, state] | [key, start, end, state], …],
                     "next": cursor | null} | {"error": …}}, "positions": …, "lags": …}
     count answer   {"counts": {"<p>": n | {"error": …}}, "positions": …, "lags": …}
+    _call keys     [[key, [partition, …]], …]  (an owner-side field's keys: app.owner_fields)
+    _call answer   {"results": [[value] | {"error": …}, …], "positions": …, "lags": …}  (a value is
+                   boxed: a struct value {"error": …} is not mistaken for an error)
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iqgraph.schema.errors import INTERNAL, ApiError, api_error
 from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, PipelineInfo, Read
-from iqgraph.stores import Page, WindowedValue
+from iqgraph.stores import IndexEntry, Page, WindowedValue
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,7 @@ SCAN = """query($store: String!, $scan: JSON!, $positions: JSON!, $first: Int!, 
   _scan(store: $store, scan: $scan, positions: $positions, first: $first, partitions: $partitions) }"""
 COUNT = """query($store: String!, $partitions: [Int!]!, $exact: Boolean!) {
   _count(store: $store, partitions: $partitions, exact: $exact) }"""
+CALL = """query($field: String!, $keys: JSON!) { _call(field: $field, keys: $keys) }"""
 NODE = (
     "{ node { id url state"
     " partitions { topic partition role state appliedOffset endOffset secondsSinceApplied stalled }"
@@ -102,7 +107,7 @@ def decode_error(data: Mapping[str, Any]) -> ApiError:
 
 
 def _is_error(value: Any) -> bool:
-    return isinstance(value, dict) and set(value) == {"error"}
+    return isinstance(value, dict) and len(value) == 1 and "error" in value
 
 
 def encode_state(value: Any) -> Any:
@@ -124,9 +129,11 @@ def decode_state(value: Any, windowed: bool) -> Any:
 
 
 def encode_item(item: Any) -> list[Any]:
-    """Return one scan item as JSON: [key, state] or [key, start, end, state]."""
+    """Return one scan item as JSON: [key, state], [key, start, end, state] or [member, value, index key]."""
     if isinstance(item, WindowedValue):
         return [item.key, item.start, item.end, item.value]
+    if isinstance(item, IndexEntry):
+        return [item.member, item.value, base64.b64encode(item.index_key).decode("ascii")]
     key, state = item
     return [key, state]
 
@@ -136,6 +143,8 @@ def decode_item(item: list[Any], windowed: bool) -> Any:
     if windowed:
         key, start, end, state = item
         return WindowedValue(key, start, end, state)
+    if len(item) == 3:  # a ranking's index entry
+        return IndexEntry(item[0], item[1], base64.b64decode(item[2]))
     return (item[0], item[1])
 
 
@@ -193,6 +202,35 @@ def decode_count(data: Mapping[str, Any]) -> Answer[dict[int, Any]]:
     """Return a peer's _count answer: per partition a count, or an ApiError."""
     counts = {int(p): decode_error(n["error"]) if _is_error(n) else int(n) for p, n in data["counts"].items()}
     return Answer(counts, *_read_marks(data))
+
+
+def encode_calls(calls: Sequence[tuple[Any, Sequence[int]]]) -> list[list[Any]]:
+    """Return an owner-side field's (key, partitions) calls as JSON: [key, [partitions]]."""
+    return [[key, list(partitions)] for key, partitions in calls]
+
+
+def decode_calls(data: Any) -> list[tuple[Any, tuple[int, ...]]]:
+    """Return the (key, partitions) calls of a _call's JSON; raise ValueError if it is not that shape."""
+    if not isinstance(data, list):
+        raise ValueError("keys must be a list of [key, [partitions]]")
+    calls: list[tuple[Any, tuple[int, ...]]] = []
+    for item in data:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], list)):
+            raise ValueError(f"call {item!r} is not [key, [partitions]]")
+        calls.append((item[0], tuple(int(p) for p in item[1])))
+    return calls
+
+
+def encode_call_answer(answer: Answer[list[Any]]) -> dict[str, Any]:
+    """Return a _call answer as JSON: each result boxed ([value]) or its error."""
+    results = [encode_error(r) if isinstance(r, Exception) else [r] for r in answer.value]
+    return {"results": results, **_marks(answer)}
+
+
+def decode_call_answer(data: Mapping[str, Any]) -> Answer[list[Any]]:
+    """Return a peer's _call answer: per key its value, or an ApiError."""
+    results = [decode_error(r["error"]) if _is_error(r) else r[0] for r in data["results"]]
+    return Answer(results, *_read_marks(data))
 
 
 def decode_partition(p: Mapping[str, Any]) -> PartitionInfo:

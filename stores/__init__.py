@@ -24,12 +24,14 @@ from iqgraph.stores.exceptions import (
 )
 from iqgraph.stores.kv import KeyValueStore
 from iqgraph.stores.partition import PartitionDB, PartitionState, PartitionTransaction
+from iqgraph.stores.ranking import KEEP_GROUP, IndexEntry, RankingStore
 from iqgraph.stores.scan import Page
 from iqgraph.stores.spec import BloomSpec, StoreKind, StoreSpec, WindowSpec
 from iqgraph.stores.state_dir import PartitionStores, StateDirectory, StoreView
 from iqgraph.stores.window import WindowedValue, WindowStore
 
 __all__ = [
+    "KEEP_GROUP",
     "AGGREGATIONS",
     "AVG",
     "COUNT",
@@ -41,6 +43,7 @@ __all__ = [
     "BloomSpec",
     "BloomStore",
     "CorruptValueError",
+    "IndexEntry",
     "InvalidCursorError",
     "InvalidKeyError",
     "Key",
@@ -54,6 +57,7 @@ __all__ = [
     "PartitionState",
     "PartitionStores",
     "PartitionTransaction",
+    "RankingStore",
     "StateDirError",
     "StateDirLockedError",
     "StateDirectory",

@@ -4,6 +4,8 @@ Spark computes one partial per (partition, store, key[, window]) and batch; the 
 state already stored. Each aggregation has a state form (what is stored) and a value form (what a
 query returns): they differ for avg, stored as [sum, count] so that it stays mergeable, and for
 latest_by_time (a column-keyed store's latest), stored as [event_ms, partition, offset, value].
+A user aggregation (``iqgraph.streaming.user_aggregations``) and ``collect`` bring their own Aggregation;
+``StoreDefinition.state_aggregation`` is where a store's is resolved, built-in or not.
 """
 
 from __future__ import annotations

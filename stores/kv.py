@@ -108,8 +108,11 @@ class KeyValueStore:
 
     def merge(
         self, tx: PartitionTransaction, items: Iterable[tuple[Key, Any]], aggregation: Aggregation | None = None
-    ) -> None:
-        """Fold each (key, partial state) into the stored state with the store's aggregation."""
+    ) -> dict[bytes, Any]:
+        """Fold each (key, partial state) into the stored state with the store's aggregation.
+
+        Return the new state of every key the items touched, by encoded key (what a ranking of the store indexes).
+        """
         agg = aggregation or self.spec.aggregation
         pairs = items if isinstance(items, list) else list(items)
         encoded = self.codec.encode_many([key for key, _ in pairs])
@@ -117,7 +120,7 @@ class KeyValueStore:
         for key, (_, partial) in zip(encoded, pairs, strict=True):
             partials[key] = merge_state(agg, partials[key], partial) if key in partials else partial
         if not partials:
-            return
+            return {}
         keys = list(partials)
         olds = decode_values(tx.multi_get(self.name, keys))
         # A new key's state is its partial, so it is stored (and counted) unless that is null.
@@ -127,6 +130,7 @@ class KeyValueStore:
         # A key whose partials were all null (e.g. a sum over null values) gets no state.
         kept = [(key, state) for key, state in zip(keys, states, strict=True) if state is not None]
         tx.put_many(self.name, zip([key for key, _ in kept], encode_values([state for _, state in kept]), strict=True))
+        return dict(zip(keys, states, strict=True))
 
     def put(self, tx: PartitionTransaction, key: Key, value: Any) -> None:
         """Store value under key, replacing any state."""

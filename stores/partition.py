@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 META_CF = "__meta"
 NEXT_OFFSET_KEY = b"next_offset"
-COUNTED_KINDS = frozenset({StoreKind.KEY_VALUE, StoreKind.WINDOW})
+COUNTED_KINDS = frozenset({StoreKind.KEY_VALUE, StoreKind.WINDOW, StoreKind.RANKING})
 
 
 def counter_key(name: str) -> bytes:

@@ -14,11 +14,13 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
 class StoreKind(enum.Enum):
-    """The three kinds of state store."""
+    """The kinds of state store."""
 
     KEY_VALUE = "key_value"
     WINDOW = "window"
     BLOOM = "bloom"
+    #: A ranked index over another key-value store of the same partition: its members by value, per group.
+    RANKING = "ranking"
 
 
 @dataclass(frozen=True)
@@ -96,4 +98,6 @@ class StoreSpec:
         """Return the column families this store owns in a partition database."""
         if self.kind is StoreKind.WINDOW:
             return (self.name, f"{self.name}.by_time")
+        if self.kind is StoreKind.RANKING:
+            return (self.name, f"{self.name}.index")
         return (self.name,)

@@ -17,6 +17,7 @@ from iqgraph.stores.bloom import BloomStore
 from iqgraph.stores.exceptions import StateDirError, StateDirLockedError
 from iqgraph.stores.kv import KeyValueStore
 from iqgraph.stores.partition import PartitionDB
+from iqgraph.stores.ranking import RankingStore
 from iqgraph.stores.spec import StoreKind, StoreSpec
 from iqgraph.stores.window import WindowStore
 
@@ -24,11 +25,12 @@ MARKER = ".iqgraph-state"
 MARKER_FORMAT = 1
 _PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 
-StoreView = KeyValueStore | WindowStore | BloomStore
+StoreView = KeyValueStore | WindowStore | BloomStore | RankingStore
 _VIEWS: dict[StoreKind, type[StoreView]] = {
     StoreKind.KEY_VALUE: KeyValueStore,
     StoreKind.WINDOW: WindowStore,
     StoreKind.BLOOM: BloomStore,
+    StoreKind.RANKING: RankingStore,
 }
 
 
@@ -57,6 +59,10 @@ class PartitionStores:
     def bloom(self, name: str) -> BloomStore:
         """Return the bloom view of store name."""
         return _as(self.store(name), BloomStore, name)
+
+    def ranking(self, name: str) -> RankingStore:
+        """Return the ranking view of store name."""
+        return _as(self.store(name), RankingStore, name)
 
     def close(self) -> None:
         """Close the partition database, dropping the views (and their handles)."""

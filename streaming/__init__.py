@@ -5,6 +5,7 @@ the Spark-side modules (``kafka_source``, ``sink``, ``runner``) are imported whe
 that defining an app does not start a JVM.
 """
 
+from iqgraph.streaming.collect import collect
 from iqgraph.streaming.definitions import (
     Aggregate,
     App,
@@ -23,12 +24,15 @@ from iqgraph.streaming.definitions import (
     latest,
     max_,
     min_,
+    ranking_store,
     sum_,
     table_store,
     tumbling,
     window_store,
 )
+from iqgraph.streaming.owner_fields import OwnerField, owner_field
 from iqgraph.streaming.partitioner import partition_for
+from iqgraph.streaming.user_aggregations import UserAggregation, aggregate
 
 __all__ = [
     "Aggregate",
@@ -37,17 +41,23 @@ __all__ = [
     "Entity",
     "Join",
     "KafkaSettings",
+    "OwnerField",
     "Relation",
     "StoreDefinition",
     "Topic",
+    "UserAggregation",
+    "aggregate",
     "avg",
     "bloom_store",
+    "collect",
     "count",
     "hopping",
     "key_value_store",
+    "ranking_store",
     "latest",
     "max_",
     "min_",
+    "owner_field",
     "partition_for",
     "sum_",
     "table_store",

@@ -22,12 +22,15 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from iqgraph.streaming.user_aggregations import UserAggregation
 
 NARROW_SCHEMA = (
     "store string, partition int, offset long, event_ms long, key string, inum long, fnum double, "
@@ -63,6 +66,8 @@ class StorePlan:
     #: Where the wide rows hold this store's key and value: (i, kind) for columns _k<i> and _v<i> (kind: the
     #: NARROW_SCHEMA column the value stands for — inum, fnum or payload; None: no value). None: narrow rows.
     wide: tuple[int, str | None] | None = None
+    #: A user aggregation (or collect): the task folds each group's JSON rows with it, in offset order.
+    user: UserAggregation | None = None
 
 
 @dataclass
@@ -167,6 +172,9 @@ def _store_rows(table: pa.Table, plan: StorePlan, rows: _Rows) -> None:
         group_keys = ["partition", "key"]
     if table.num_rows == 0:
         return
+    if plan.user is not None:
+        _user_rows(table, plan, plan.user, group_keys, rows)
+        return
     if plan.aggregation == "latest_by_time":  # the last row of a group is then its latest by event time
         table = table.sort_by([("event_ms", "ascending"), ("offset", "ascending")])
     elif plan.aggregation == "latest" and plan.kind != "bloom":  # the last row is its latest (joins may reorder)
@@ -183,6 +191,37 @@ def _store_rows(table: pa.Table, plan: StorePlan, rows: _Rows) -> None:
         partials,
         grouped["offset_count"].to_pylist(),
     )
+
+
+def _user_rows(table: pa.Table, plan: StorePlan, user: UserAggregation, group_keys: list[str], rows: _Rows) -> None:
+    """Add the partial of each group: its rows (JSON payloads) folded in offset order by the user aggregation.
+
+    A record on which the user's ``add`` raises is a bad record of the store (skipped, counted, dead-lettered).
+    """
+    table = table.sort_by([("partition", "ascending"), ("offset", "ascending")])
+    columns = {name: table[name].to_pylist() for name in {*group_keys, "partition", "offset", "payload"}}
+    partitions, offsets, payloads = columns["partition"], columns["offset"], columns["payload"]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, group in enumerate(zip(*(columns[k] for k in group_keys), strict=True)):
+        groups.setdefault(group, []).append(index)
+    partials = []
+    for members in groups.values():
+        found = [orjson.loads(payloads[i] or "{}") for i in members]
+        if user.with_position:
+            for i, row in zip(members, found, strict=True):
+                row["_partition"], row["_offset"] = partitions[i], offsets[i]
+
+        def failed(at: int, exc: Exception, members: list[int] = members) -> None:
+            i = members[at]
+            error = f"user aggregation {user.name!r}: add raised {type(exc).__name__}: {exc}"
+            info = {"offset": offsets[i], "error": error, "key": None, "value": None}
+            rows.add("bad", plan.name, partitions[i], partial=orjson.dumps(info).decode())
+
+        partials.append(orjson.dumps([user.fold(found, failed)]).decode())
+    keys = list(zip(*groups, strict=True))
+    starts = list(keys[2]) if plan.kind == "window" else None
+    counts = [len(members) for members in groups.values()]
+    rows.extend("p", plan.name, list(keys[0]), list(keys[1]), starts, partials, counts)
 
 
 def _aggregations(plan: StorePlan) -> list[Any]:

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
+    from iqgraph.stores import Aggregation
+    from iqgraph.streaming.owner_fields import OwnerField
+    from iqgraph.streaming.user_aggregations import UserAggregation
+
 Transform = Callable[["DataFrame"], "DataFrame"]
 #: An event: (key, JSON-able value) for the app's first topic, or (topic, key, value) for any of its topics
 #: (value None: a tombstone, for a table topic).
@@ -96,14 +100,19 @@ class Topic:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """A mergeable aggregation over a column (or the whole record for count and latest)."""
+    """A mergeable aggregation over a column (or the whole record for count and latest).
+
+    ``user``: a user aggregation (streaming.user_aggregations; ``kind`` is then its name), fed the ``columns``.
+    """
 
     kind: str
     column: str | None = None
     columns: tuple[str, ...] = ()
+    user: UserAggregation | None = None
 
     def __post_init__(self) -> None:
-        aggregation_named(self.kind)
+        if self.user is None:
+            aggregation_named(self.kind)
         if self.kind in ("sum", "min", "max", "avg") and not self.column:
             raise DefinitionError(f"{self.kind} needs a column: {self.kind}('amount')")
 
@@ -232,7 +241,7 @@ class StoreDefinition:
     name: str
     kind: StoreKind
     topic: str
-    aggregate: Aggregate = field(default_factory=count)
+    aggregate: Aggregate = field(default_factory=count)  # a UserAggregation given is wrapped in one
     key: str | None = None
     transform: Transform | None = None
     window: WindowSpec | None = None
@@ -241,10 +250,22 @@ class StoreDefinition:
     key_type: Literal["string", "int"] | None = None
     relations: tuple[Relation, ...] = ()
     join: Join | None = None
+    #: A ranking store: the key-value store it ranks, and the column of that store's records naming the group.
+    ranks: str | None = None
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise DefinitionError(f"store name {self.name!r}: use a letter then letters, digits or '_'")
+        if not isinstance(self.aggregate, Aggregate):
+            from iqgraph.streaming.user_aggregations import UserAggregation, aggregate  # it imports this module
+
+            if not isinstance(self.aggregate, UserAggregation):
+                raise DefinitionError(
+                    f"store {self.name!r}: aggregate with count(), sum_(col), …, collect(…) or a UserAggregation, "
+                    f"not {self.aggregate!r}"
+                )
+            object.__setattr__(self, "aggregate", aggregate(self.aggregate))  # a user aggregation, over its columns
         fields = [r.field for r in self.relations]
         if len(set(fields)) != len(fields):
             raise DefinitionError(f"store {self.name!r}: relation fields must be unique, got {fields}")
@@ -276,9 +297,17 @@ class StoreDefinition:
             return "latest_by_time"
         return self.aggregate.kind
 
+    @property
+    def state_aggregation(self) -> Aggregation:
+        """Return the Aggregation the store's states merge and finalize with: a user's, or the built-in named
+        by ``aggregation`` (every reader and writer of a store's states resolves it here)."""
+        if self.aggregate.user is not None and self.kind is not StoreKind.BLOOM:
+            return self.aggregate.user.aggregation()
+        return aggregation_named(self.aggregation)
+
     def spec(self, topic: Topic) -> StoreSpec:
         """Return the spec the stores package keeps this store by."""
-        agg = aggregation_named(self.aggregation)
+        agg = self.state_aggregation
         return StoreSpec(self.name, self.kind, self.resolved_key_type(topic), agg, self.window, self.bloom)
 
     def resolved_key_type(self, topic: Topic) -> Literal["string", "int"]:
@@ -291,7 +320,7 @@ class StoreDefinition:
 def key_value_store(
     name: str,
     topic: str,
-    aggregate: Aggregate,
+    aggregate: Aggregate | UserAggregation,
     *,
     key: str | None = None,
     transform: Transform | None = None,
@@ -304,7 +333,7 @@ def key_value_store(
         name,
         StoreKind.KEY_VALUE,
         topic,
-        aggregate,
+        aggregate,  # type: ignore[arg-type]  # a UserAggregation is wrapped in __post_init__
         key,
         transform,
         description=description,
@@ -327,7 +356,7 @@ def table_store(
 def window_store(
     name: str,
     topic: str,
-    aggregate: Aggregate,
+    aggregate: Aggregate | UserAggregation,
     window: WindowSpec,
     *,
     key: str | None = None,
@@ -341,7 +370,7 @@ def window_store(
         name,
         StoreKind.WINDOW,
         topic,
-        aggregate,
+        aggregate,  # type: ignore[arg-type]  # a UserAggregation is wrapped in __post_init__
         key,
         transform,
         window,
@@ -377,6 +406,41 @@ def bloom_store(
     )
 
 
+def ranking_store(
+    name: str,
+    of: StoreDefinition,
+    *,
+    group: str | None = None,
+    description: str | None = None,
+    relations: Sequence[Relation] = (),
+) -> StoreDefinition:
+    """Define a ranking: the members (keys) of key-value store ``of`` ordered by value, per ``group`` and among all.
+
+    ``group`` names a column of ``of``'s records (after its join and transform) whose latest value per member
+    is the member's group. The ranking is kept in the same partition databases as ``of``, updated in the same
+    transaction: ``of`` must be keyed by the record key (a member then lives in one partition, and the top N
+    of each partition merged is the top N of all) and its values numbers (count, sum, min, max, avg, or a user
+    aggregation of a numeric type).
+    """
+    if not isinstance(of, StoreDefinition):
+        raise DefinitionError(f"ranking {name!r}: of= takes the store definition it ranks, not {of!r}")
+    aggregate = latest(group) if group is not None else count()
+    return StoreDefinition(
+        name,
+        StoreKind.RANKING,
+        of.topic,
+        aggregate,
+        of.key,
+        of.transform,
+        description=description,
+        key_type=of.key_type,
+        relations=tuple(relations),
+        join=of.join,
+        ranks=of.name,
+        group=group,
+    )
+
+
 def _check_table_store(store: StoreDefinition) -> None:
     """Refuse a store of a table topic that is not a table store (latest per record key, no transform)."""
     if (
@@ -403,6 +467,8 @@ class App:
     description: str | None = None
     generator: EventGenerator | None = None
     entities: Sequence[Entity] = ()
+    #: Owner-side fields: functions run on the node owning a key (streaming.owner_fields).
+    fields: Sequence[OwnerField] = ()
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -419,7 +485,30 @@ class App:
                 _check_table_store(store)
             if store.join is not None:
                 self._check_join(store, store.join)
+            if store.kind is StoreKind.RANKING:
+                self._check_ranking(store)
         self._check_entities()
+        if self.fields:
+            from iqgraph.streaming.owner_fields import check_owner_fields  # it imports this module
+
+            check_owner_fields(self)
+
+    def _check_ranking(self, ranking: StoreDefinition) -> None:
+        ranked = next((s for s in self.stores if s.name == ranking.ranks), None)
+        if ranked is None or ranked.kind is not StoreKind.KEY_VALUE:
+            raise DefinitionError(
+                f"ranking {ranking.name!r} ranks {ranking.ranks!r}: add that key-value store to the app"
+            )
+        if not ranked.co_partitioned:
+            raise DefinitionError(
+                f"ranking {ranking.name!r} ranks {ranked.name!r}, which is keyed by column {ranked.key!r}: a ranking "
+                "needs a store keyed by the record key (produce the records keyed by the member)"
+            )
+        if ranked.aggregate.kind in ("latest", "latest_by_time"):
+            raise DefinitionError(
+                f"ranking {ranking.name!r} ranks {ranked.name!r}, whose values are records (latest): rank a number"
+                " (count, sum, min, max, avg or a numeric user aggregation)"
+            )
 
     def _check_join(self, store: StoreDefinition, join: Join) -> None:
         tables = [s.name for s in self.stores if self.topic(s.topic).table]

@@ -86,6 +86,9 @@ def _store_value(frame: DataFrame, store: StoreDefinition) -> tuple[Column | Non
     agg = store.aggregate
     if store.kind is StoreKind.BLOOM or agg.kind == "count":
         return None, None
+    if agg.user is not None:  # the task folds the rows: each a JSON object of the columns, nulls included
+        columns = _payload_columns(frame, store)
+        return F.to_json(F.struct(*columns), {"ignoreNullFields": "false"}), "payload"
     if agg.kind == "latest":
         columns = agg.columns or tuple(c for c in frame.columns if not c.startswith("_"))
         # a tombstone (no value: only on a table topic) has a null payload, which deletes the key
@@ -97,6 +100,15 @@ def _store_value(frame: DataFrame, store: StoreDefinition) -> tuple[Column | Non
     if not isinstance(data_type, NumericType):
         raise DefinitionError(f"store {store.name!r}: {agg.kind} needs a numeric column; {column!r} is {data_type}")
     return F.col(column), "inum" if isinstance(data_type, IntegralType) else "fnum"
+
+
+def _payload_columns(frame: DataFrame, store: StoreDefinition) -> tuple[str, ...]:
+    """Return the columns a user aggregation's rows hold: those it names, else every record column."""
+    columns = store.aggregate.columns or tuple(c for c in frame.columns if not c.startswith("_"))
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise DefinitionError(f"store {store.name!r} aggregates columns {missing}, which its records lack")
+    return columns
 
 
 def _store_narrow(good: DataFrame, store: StoreDefinition, enrich: Enrich | None) -> tuple[DataFrame, str | None]:
@@ -128,7 +140,8 @@ def _plan(
     window = None
     if store.window is not None:
         window = (store.window.size_ms, store.window.advance, store.window.grace_ms)
-    return StorePlan(store.name, store.kind.value, store.aggregation, number, window, dict(stream_times), wide)
+    user = store.aggregate.user if store.kind is not StoreKind.BLOOM else None
+    return StorePlan(store.name, store.kind.value, store.aggregation, number, window, dict(stream_times), wide, user)
 
 
 class PartialsPlan:

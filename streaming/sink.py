@@ -32,7 +32,8 @@ import orjson
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from iqgraph.stores import PartitionState, PartitionStores, PartitionTransaction, StoreKind
+from iqgraph.stores import KEEP_GROUP, PartitionState, PartitionStores, PartitionTransaction, StoreKind
+from iqgraph.stores.codecs import decode_values
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.decode import Decoder, value_schema
 from iqgraph.streaming.definitions import App, StoreDefinition, Topic
@@ -232,18 +233,26 @@ class StoreSink:
         bad = self._record_bad(tx, partition, batch.bad)
         keyed = [(store, self._keys(store, batch.partials.get(store.name, []))) for store in self.stores]
         self._check_partitions(tx, partition, batch, [(s, keys) for s, keys in keyed if s.co_partitioned])
+        merged: dict[str, dict[bytes, Any]] = {}  # key-value store -> its new states, for the rankings of it
         for store, keys in keyed:
             items = batch.partials.get(store.name, [])
+            if store.kind is StoreKind.RANKING:
+                continue  # below, once the store it ranks is merged
             if store.kind is StoreKind.KEY_VALUE and self.topic.table:
                 _apply_changelog(stores, store.name, tx, [(k, it[2]) for k, it in zip(keys, items, strict=True)])
             elif store.kind is StoreKind.KEY_VALUE:
-                stores.kv(store.name).merge(tx, [(k, it[2]) for k, it in zip(keys, items, strict=True)])
+                pairs = [(k, it[2]) for k, it in zip(keys, items, strict=True)]
+                merged[store.name] = stores.kv(store.name).merge(tx, pairs)
             elif store.kind is StoreKind.WINDOW:
                 window_items = [(k, int(it[1] or 0), it[2]) for k, it in zip(keys, items, strict=True)]
                 stream_time = batch.stream_time.get(store.name)
                 stores.window(store.name).merge(tx, window_items, stream_time, batch.late.get(store.name, 0))
             else:
                 stores.bloom(store.name).add(tx, keys)
+        for store, keys in keyed:
+            if store.kind is StoreKind.RANKING:
+                groups = [it[2] for it in batch.partials.get(store.name, [])]
+                _rank(stores, tx, store, dict(zip(keys, groups, strict=True)), merged.get(str(store.ranks), {}))
         return bad
 
     def _keys(self, store: StoreDefinition, items: list[tuple[Any, int | None, Any, int]]) -> list[Any]:
@@ -327,6 +336,31 @@ def _apply_changelog(
     for key, value in items:
         if value is None:
             table.delete(tx, key)
+
+
+def _rank(
+    stores: PartitionStores,
+    tx: PartitionTransaction,
+    ranking: StoreDefinition,
+    groups: Mapping[Any, Any],
+    changed: Mapping[bytes, Any],
+) -> None:
+    """Index the members whose value (changed: the ranked store's new states) or group (groups) the batch changed.
+
+    groups: per member of the batch, its latest record's group columns ({column: value}) — absent without a group.
+    """
+    view, ranked = stores.ranking(ranking.name), stores.kv(str(ranking.ranks))
+    states = {ranked.codec.decode(key): state for key, state in changed.items()}
+    missing = [member for member in groups if member not in states]
+    if missing:  # a member whose records' group came without a new value (a sum over nulls): its stored state
+        states.update(
+            zip(missing, decode_values(tx.multi_get(ranked.name, ranked.codec.encode_many(missing))), strict=True)
+        )
+    finalize = ranked.spec.aggregation.finalize
+    members = list(states)
+    column = ranking.group
+    new_groups = [(groups[m] or {}).get(column) if column is not None and m in groups else KEEP_GROUP for m in members]
+    view.update(tx, members, new_groups, [None if states[m] is None else finalize(states[m]) for m in members])
 
 
 def mark_running_when_caught_up(stores: PartitionStores, target: int) -> None:

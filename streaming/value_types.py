@@ -14,6 +14,7 @@ from pyspark.sql.types import (
     DoubleType,
     IntegralType,
     LongType,
+    NumericType,
     StructField,
     StructType,
 )
@@ -35,18 +36,25 @@ def _aggregate_type(store: StoreDefinition, records: StructType) -> DataType:
         return BooleanType()
     if agg.kind == "count":
         return LongType()
+    if agg.user is not None:  # typed by the user; its rows are the columns named (default: all)
+        return agg.user.spark_type(_columns_type(store, records))
     if agg.kind == "latest":
-        names = agg.columns or tuple(n for n in records.fieldNames() if not n.startswith("_"))
-        missing = [n for n in names if n not in records.fieldNames()]
-        if missing:
-            raise DefinitionError(f"store {store.name!r} keeps columns {missing}, which its records lack")
-        return StructType([records[n] for n in names])
+        return _columns_type(store, records)
     column = str(agg.column)
     if column not in records.fieldNames():
         raise DefinitionError(f"store {store.name!r} aggregates column {column!r}, which its records lack")
     if agg.kind != "avg" and isinstance(records[column].dataType, IntegralType):
         return LongType()
     return DoubleType()
+
+
+def _columns_type(store: StoreDefinition, records: StructType) -> StructType:
+    """Return the struct of the columns a store keeps (latest) or aggregates (a user aggregation's rows)."""
+    names = store.aggregate.columns or tuple(n for n in records.fieldNames() if not n.startswith("_"))
+    missing = [n for n in names if n not in records.fieldNames()]
+    if missing:
+        raise DefinitionError(f"store {store.name!r} uses columns {missing}, which its records lack")
+    return StructType([records[n] for n in names])
 
 
 def value_types(app: App, spark: SparkSession) -> dict[str, DataType]:
@@ -60,7 +68,20 @@ def value_types(app: App, spark: SparkSession) -> dict[str, DataType]:
         joins = empty_joins(spark, app, stores)
         for store in stores:
             types[store.name] = _aggregate_type(store, store_frame(good, store, joins.get(store.name)).schema)
+    for store in app.stores:
+        if store.kind is StoreKind.RANKING:
+            types[store.name] = _ranked_type(store, types)
     return types
+
+
+def _ranked_type(ranking: StoreDefinition, types: dict[str, DataType]) -> DataType:
+    """Return the type of a ranking's values (those of the store it ranks); refuse values that are not numbers."""
+    ranked = types[str(ranking.ranks)]
+    if not isinstance(ranked, NumericType):
+        raise DefinitionError(
+            f"ranking {ranking.name!r} ranks {ranking.ranks!r}, whose values are {ranked.simpleString()}, not numbers"
+        )
+    return ranked
 
 
 def nullable(data_type: DataType, name: str = "value") -> StructField:

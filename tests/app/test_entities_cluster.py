@@ -27,11 +27,24 @@ from tests.streaming.test_pipeline import START_MS
 
 PARTITIONS = 6
 EVENTS = 4_000
+GLANCE = "struct<orders: bigint, spend: double, tier: string, product: string>"
 
 
 def crm_app(orders: str, customers: str, products: str, bootstrap: str = "localhost:9092") -> App:
-    """Return the customers example with a global products table, the Product entity and latestOrder.product."""
+    """Return the customers example with a global products table, the Product entity, latestOrder.product and
+    an owner-side field reading stores of both co-partitioned topics and the global table."""
     from iqgraph.streaming.definitions import KafkaSettings
+    from iqgraph.streaming.owner_fields import OwnerField
+
+    def glance(key: str, views: Any) -> dict[str, Any]:
+        latest = views.kv("latest_order").get(key)
+        catalog = None if latest is None else views.kv("catalog").get(latest["item"])
+        return {
+            "orders": views.kv("order_count").get(key) or 0,
+            "spend": views.kv("total_spend").get(key),
+            "tier": (views.kv("profiles").get(key) or {}).get("tier"),
+            "product": None if catalog is None else catalog["name"],
+        }
 
     base = example.build_app(orders, customers, PARTITIONS, KafkaSettings(bootstrap_servers=bootstrap))
     product_relation = Relation("product", "Product", column="item")
@@ -44,6 +57,7 @@ def crm_app(orders: str, customers: str, products: str, bootstrap: str = "localh
         topics=[*base.topics, Topic(products, schema=PRODUCT_SCHEMA, partitions=2, table=True, global_table=True)],
         stores=[*stores, table_store("catalog", products)],
         entities=[*base.entities, Entity("Product", stores=["catalog"], table="catalog")],
+        fields=[OwnerField("glance", glance, GLANCE, store="order_count")],
     )
 
 
@@ -93,12 +107,14 @@ def crm(
         ]
         produce(broker.bootstrap_servers, topic, records)
     home = tmp_path_factory.mktemp("crm")
-    imports = """
+    imports = f"""
         import dataclasses
         from iqgraph.examples import customers as example
         from iqgraph.examples.shop import PRODUCT_SCHEMA
+        from typing import Any
         from iqgraph.streaming.definitions import App, Entity, Relation, Topic, table_store
         PARTITIONS = 6
+        GLANCE = {GLANCE!r}
     """
     (home / "crmapp.py").write_text(
         textwrap.dedent(imports)
@@ -230,3 +246,21 @@ def test_customers_page_lists_every_profile_once(crm: Any) -> None:
             break
         after = page["pageInfo"]["endCursor"]
     assert seen == sorted((k, v["name"]) for k, v in truth.profiles.items())
+
+
+def test_an_owner_side_field_runs_on_each_key_owner_with_one_forwarded_request_per_peer(crm: Any) -> None:
+    nodes, truth = crm
+    known = sorted({*truth.profiles, *truth.counts})
+    keys = [*known, *(f"customer-{n:05d}" for n in range(1000 - len(known)))]  # 1,000 distinct keys
+    body, forwarded = _forwarded(nodes, "query($k: [String!]!) { glanceMany(keys: $k) { orders spend tier product } }",
+                                 {"k": keys})  # fmt: skip
+    assert "errors" not in body, body.get("errors")
+    assert forwarded == [0, 1, 1]  # every key of each peer in ONE _call sub-request
+    for key, found in zip(keys, body["data"]["glanceMany"], strict=True):
+        latest = truth.latest.get(key)
+        assert found == {
+            "orders": truth.counts[key],
+            "spend": pytest.approx(truth.spend.get(key)),
+            "tier": truth.profiles.get(key, {}).get("tier"),
+            "product": None if latest is None else product(latest["item"])["name"],
+        }, key

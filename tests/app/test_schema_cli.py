@@ -10,6 +10,7 @@ import pytest
 from graphql import GraphQLSchema, build_schema, parse, validate
 
 from iqgraph.app.example_query import example_query, sample_keys
+from iqgraph.examples import music as music_example
 from iqgraph.examples import shop
 from iqgraph.examples import weblog as weblog_example
 from iqgraph.streaming.definitions import App
@@ -50,9 +51,9 @@ def test_the_printed_sdl_is_the_snapshot(shop_sdl: str) -> None:
 
 def test_readme_queries_validate_against_the_printed_sdl(shop_sdl: str) -> None:
     blocks = readme_queries()
-    assert len(blocks) >= 5 and {app for app, _ in blocks} == {None, "shop", "customers", "bookings"}
+    assert len(blocks) >= 5 and {app for app, _ in blocks} == {None, "shop", "customers", "bookings", "music"}
     schemas = {None: build_schema(shop_sdl), "shop": build_schema(shop_sdl)}
-    for name in ("customers", "bookings"):
+    for name in ("customers", "bookings", "music"):
         result = iqgraph("schema", "--app", f"iqgraph.examples.{name}:app")
         assert result.returncode == 0, result.stderr
         schemas[name] = build_schema(result.stdout)
@@ -77,3 +78,13 @@ def test_the_sdl_of_two_apps_differ() -> None:
     schema = build_schema(weblog.stdout)
     assert "accessCount" in schema.query_type.fields and "orderCount" not in schema.query_type.fields
     _assert_valid(schema, _generated_query(schema, weblog_example.app))
+
+
+def test_the_music_example_query_reads_the_charts_and_validates() -> None:
+    result = iqgraph("schema", "--app", "iqgraph.examples.music:app")
+    assert result.returncode == 0, result.stderr
+    schema = build_schema(result.stdout)
+    query = _generated_query(schema, music_example.app, events=400)  # the catalogue's 240 songs, then plays
+    _assert_valid(schema, query)
+    assert "topSongs { top(first: 5) { member value rank cursor } }" in query
+    assert 'songPlays { get(key: "song-' in query and 'song(key: "song-' in query

@@ -21,6 +21,7 @@ from strawberry.types import ExecutionResult
 
 from iqgraph.app.cluster_queries import ClusterStoreQueries
 from iqgraph.app.local_partitions import entity_infos
+from iqgraph.app.owner_fields import owner_field_infos
 from iqgraph.schema import EntityInfo, GraphQLApp, Limits, StoreInfo, build_schema, context_getter
 from iqgraph.stores import Key, PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.definitions import App
@@ -82,9 +83,11 @@ class Api:
     def __post_init__(self) -> None:
         stores = self.queries.stores() if self.stores is None else self.stores
         entities = entity_infos(self.app) if self.entities is None else self.entities
-        about = self.app.description
-        self.schema = build_schema(stores, self.limits, entities=entities, description=about)
-        self.reference = build_schema(stores, self.limits, entities=entities, description=about, compiled=False)
+        about, fields = self.app.description, owner_field_infos(self.app)
+        self.schema = build_schema(stores, self.limits, entities=entities, description=about, owner_fields=fields)
+        self.reference = build_schema(
+            stores, self.limits, entities=entities, description=about, owner_fields=fields, compiled=False
+        )
 
     async def run(
         self, query: str, variables: dict[str, Any] | None = None, extensions: dict[str, Any] | None = None

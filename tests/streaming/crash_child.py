@@ -20,6 +20,7 @@ from iqgraph.stores import StateDirectory
 from iqgraph.stores.partition import PartitionDB
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from iqgraph.streaming.session import build_spark_session
+from tests.streaming.plays_app import plays_app
 from tests.streaming.test_tables import table_app
 
 
@@ -49,9 +50,12 @@ def main() -> int:
     parser.add_argument("--at", type=int, default=1)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--table", action="store_true", help="run the table app (tests.streaming.test_tables)")
+    parser.add_argument("--plays", action="store_true", help="run the plays app (tests.streaming.plays_app)")
     args = parser.parse_args()
     _arm(args.crash, args.at)
     app = table_app(args.topic, args.partitions) if args.table else build_app(args.topic, args.partitions)
+    if args.plays:
+        app = plays_app(args.topic, args.partitions)
     spark = build_spark_session("local[2]", shuffle_partitions=2)
     settings = RunnerSettings(args.bootstrap, max_records_per_batch=args.batch)
     runner = StreamRunner(app, spark, StateDirectory(args.state, app.name), settings)

@@ -18,9 +18,12 @@ from iqgraph.examples.shop import build_app
 from iqgraph.stores import PartitionState, StateDirectory
 from iqgraph.streaming.broker import EmbeddedBroker, produce
 from tests.conftest import MakeTopic
+from tests.streaming.plays_app import make_plays, plays_app, truth
 from tests.streaming.readback import read_back
 from tests.streaming.test_pipeline import START_MS, assert_equal_to_ground_truth, send
-from tests.streaming.test_tables import changelog, table_app, truth
+from tests.streaming.test_tables import changelog, table_app
+from tests.streaming.test_tables import truth as table_truth
+from tests.streaming.test_user_aggregations_pipeline import assert_plays_equal, read_plays
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
@@ -121,8 +124,32 @@ def test_a_table_with_tombstones_through_sigkills_equals_its_last_change_per_key
             found.update({k: {c: x for c, x in v.items() if x is not None} for k, v in kv.all(limit=10_000).items})
             counted += kv.count()
         assert sum(s.db.next_offset() for s in partitions) == len(changes)
-        assert found == truth(changes)
+        assert found == table_truth(changes)
         assert counted == len(found)
     finally:
         for stores in partitions:
+            stores.close()
+
+
+def test_collections_and_user_aggregations_through_a_sigkill_equal_python(
+    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(PARTITIONS, prefix="plays")
+    app = plays_app(topic, PARTITIONS)
+    plays = make_plays(13, 900)
+    produce(broker.bootstrap_servers, topic, [(k.encode(), orjson.dumps(v), None) for k, v in plays])
+    state = tmp_path / "state"
+    options = ("--plays", "--batch", "150")
+    assert _run(broker, topic, state, *options, "--crash", "after-write", "--at", "2") == -signal.SIGKILL
+    assert _run(broker, topic, state, *options) == 0
+
+    directory = StateDirectory(state, app.name)
+    hosted = {topic: {p: directory.open(topic, p, app.specs(topic)) for p in range(PARTITIONS)}}
+    try:
+        for stores in hosted[topic].values():
+            stores.db.set_state(PartitionState.RUNNING)
+        assert sum(s.db.next_offset() for s in hosted[topic].values()) == len(plays)
+        assert_plays_equal(read_plays(app, hosted), truth(plays, PARTITIONS))
+    finally:
+        for stores in hosted[topic].values():
             stores.close()

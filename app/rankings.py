@@ -1,0 +1,50 @@
+"""The cursor of a ranking's pages: the rank and index key of the last member a page gave.
+
+Every partition orders a ranking's index the same way (value from the greatest down, then member), so
+one index key says where every partition resumes, and the rank of the next member is the cursor's rank
+plus one: a page of the merged ranking needs no per-partition positions. The cursor names its group,
+so a cursor of another group (or of another field) is an INVALID_CURSOR, not a page from the wrong place.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import orjson
+
+from iqgraph.app.scatter import encode_positions
+from iqgraph.stores import InvalidCursorError
+from iqgraph.stores.scan import encode_cursor
+
+_TAG = b"r1:"
+
+
+def encode_rank_cursor(rank: int, group: str | None, index_key: bytes) -> str:
+    """Return the cursor that resumes a ranking after the member at rank, whose index key is index_key."""
+    body = orjson.dumps([rank, group, base64.b64encode(index_key).decode("ascii")])
+    return base64.urlsafe_b64encode(_TAG + body).decode("ascii")
+
+
+def decode_rank_cursor(cursor: str | None, group: str | None) -> tuple[int, bytes | None]:
+    """Return (rank, index key) of a ranking cursor of group ((0, None): from the top)."""
+    if cursor is None:
+        return 0, None
+    try:
+        raw = base64.urlsafe_b64decode(cursor.encode("ascii"))
+        if not raw.startswith(_TAG):
+            raise ValueError("not a ranking cursor")
+        rank, of_group, key = orjson.loads(raw[len(_TAG) :])
+        index_key = base64.b64decode(key, validate=True)
+    except (binascii.Error, ValueError, TypeError, UnicodeEncodeError) as exc:
+        raise InvalidCursorError(f"cursor {cursor!r} is not a cursor of a ranking") from exc
+    if of_group != group or not isinstance(rank, int) or rank < 0:
+        raise InvalidCursorError(f"cursor {cursor!r} is for another group ({of_group!r}) than {group!r}")
+    return rank, index_key
+
+
+def partition_positions(index_key: bytes | None, partitions: int) -> str | None:
+    """Return the scan cursor that resumes every partition of a ranking just after index_key."""
+    if index_key is None:
+        return None
+    return encode_positions({str(p): encode_cursor(index_key) for p in range(partitions)})

@@ -1,0 +1,144 @@
+"""The ranking store view of one partition: an ordered index of another store's members by value, per group.
+
+Two column families per ranking store:
+
+- ``<name>``: member → ``[group, value]``, the member's entry as last indexed (what a change must delete);
+- ``<name>.index``: one key per member and index — ``g<len><group>`` + rank bytes + member under its group,
+  and ``a`` + rank bytes + member in the index of all groups — whose value is the member's value.
+
+Rank bytes order values from the greatest down (the float64's order-preserving bits, inverted); equal
+values then order by the member's key bytes (natural order, invariant 3): ties are deterministic, and the
+same in every partition, so the top N of each partition merged by index key is the top N of all (a
+member lives in one partition). ``update`` runs in the batch's transaction, beside the store it ranks:
+a member's old index keys are deleted and its new ones put, so values may fall as well as rise. A member
+whose value is not a number (None, NaN) is kept out of the index. Groups are strings (other values are
+indexed by ``str``); a member without a group (None) is ranked only among all.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from iqgraph.stores.codecs import Key, KeyCodec, decode_value, decode_values, encode_value
+from iqgraph.stores.partition import PartitionDB, PartitionTransaction, entries_counter
+from iqgraph.stores.scan import Page, paginate, prefix_stop
+from iqgraph.stores.spec import StoreKind
+
+#: ``update``'s group for a member whose group did not change in the batch: keep the one indexed.
+KEEP_GROUP: Any = object()
+_ALL = b"a"
+_GROUP = b"g"
+_FLIP = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def index_family(name: str) -> str:
+    """Return the column family of ranking store name's index."""
+    return f"{name}.index"
+
+
+def group_prefix(group: str | None) -> bytes:
+    """Return the index prefix of group's members (None: the index of all groups)."""
+    if group is None:
+        return _ALL
+    encoded = group.encode()
+    if len(encoded) > 0xFFFF:
+        raise ValueError(f"a ranking group is at most 65,535 bytes, got {len(encoded)}")
+    return _GROUP + len(encoded).to_bytes(2, "big") + encoded
+
+
+def rank_bytes(value: float) -> bytes:
+    """Return 8 bytes whose byte order is value's order from the greatest down."""
+    bits: int = struct.unpack(">Q", struct.pack(">d", float(value) + 0.0))[0]  # + 0.0: -0.0 ties with 0.0
+    ascending = bits ^ _FLIP if bits >> 63 else bits | (1 << 63)
+    return (ascending ^ _FLIP).to_bytes(8, "big")
+
+
+def rankable(value: Any) -> bool:
+    """Return whether value has a place in an index: a number, not NaN."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def group_of(value: Any) -> str | None:
+    """Return the index group of a record's group column value (None: no group)."""
+    return None if value is None else value if isinstance(value, str) else str(value)
+
+
+class IndexEntry(NamedTuple):
+    """One member of a ranking's index: its value and its index key (the order, and where a page resumes)."""
+
+    member: Key
+    value: Any
+    index_key: bytes
+
+
+class RankingStore:
+    """The members of another store ranked by value, per group and among all, in one partition database."""
+
+    def __init__(self, db: PartitionDB, name: str) -> None:
+        self.db = db
+        self.spec = db.spec(name)
+        if self.spec.kind is not StoreKind.RANKING:
+            raise TypeError(f"store {name!r} is a {self.spec.kind.value} store, not ranking")
+        self.name = name
+        self.index = index_family(name)
+        self.codec = KeyCodec(self.spec.key_type)
+        self._entries_counter = entries_counter(name)
+
+    def update(
+        self, tx: PartitionTransaction, members: Sequence[Key], groups: Sequence[Any], values: Sequence[Any]
+    ) -> None:
+        """Index each member under its group (or KEEP_GROUP: the one indexed) with its value, in tx."""
+        encoded = self.codec.encode_many(members)
+        olds = decode_values(tx.multi_get(self.name, encoded))
+        added = 0
+        for member, old, group, value in zip(encoded, olds, groups, values, strict=True):
+            old_group, old_value = old if old is not None else (None, None)
+            new_group = old_group if group is KEEP_GROUP else group_of(group)
+            if old is not None and [new_group, value] == old:
+                continue
+            for key in self._index_keys(member, old_group, old_value):
+                tx.delete(self.index, key)
+            raw = encode_value(value)
+            for key in self._index_keys(member, new_group, value):
+                tx.put(self.index, key, raw)
+            tx.put(self.name, member, encode_value([new_group, value]))
+            added += old is None
+        if added:
+            tx.increment(self._entries_counter, added)
+
+    def _index_keys(self, member: bytes, group: str | None, value: Any) -> list[bytes]:
+        if not rankable(value):
+            return []
+        rank = rank_bytes(value)
+        keys = [_ALL + rank + member]
+        if group is not None:
+            keys.append(group_prefix(group) + rank + member)
+        return keys
+
+    def top(self, group: str | None, limit: int, after: str | None = None) -> Page[IndexEntry]:
+        """Return the index entries of group's members (None: all) from the greatest value down."""
+        prefix = group_prefix(group)
+        skip = len(prefix) + 8
+        self.db.check_queryable()
+
+        def entry(key: bytes, raw: bytes) -> IndexEntry:
+            return IndexEntry(self.codec.decode(key[skip:]), decode_value(raw), key)
+
+        return paginate(self.db.family(self.index), prefix, prefix_stop(prefix), limit, after, entry)
+
+    def entry(self, member: Key) -> tuple[str | None, Any] | None:
+        """Return member's indexed (group, value), or None if it has none."""
+        self.db.check_queryable()
+        raw = self.db.family(self.name).get(self.codec.encode(member))
+        if raw is None:
+            return None
+        group, value = decode_value(raw)
+        return group, value
+
+    def count(self) -> int:
+        """Return the number of members this partition ranks (indexed or not), as of the last batch."""
+        self.db.check_queryable()
+        return self.db.counter(self._entries_counter)

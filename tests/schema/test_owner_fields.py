@@ -1,0 +1,273 @@
+"""Owner-side fields on one node: typed in the SDL, values equal to ground truth, batched into one call per
+request, a failing key INTERNAL (the others answer), a slow one TIMEOUT, views that cannot write."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+from strawberry.types import ExecutionResult
+
+from iqgraph.app.local_partitions import entity_infos
+from iqgraph.app.owner_fields import owner_field_infos
+from iqgraph.schema import Limits, build_schema, context_getter
+from iqgraph.schema.errors import SchemaDefinitionError
+from iqgraph.schema.types import OwnerFieldInfo
+from iqgraph.streaming.definitions import App
+from iqgraph.streaming.owner_fields import owner_field
+from tests.queries import single_node
+from tests.schema.apps import MARKET_CUSTOMERS, MARKET_TYPES, PARTITIONS, MarketTruth, market_app, market_orders
+from tests.schema.conftest import Hosted, RecordingQueries
+
+SUMMARY = "struct<orders: bigint, spend: double, city: string, minutes: int, ordered: boolean, items: array<string>>"
+STARTED = threading.Event()
+
+
+@owner_field("order_count", returns=SUMMARY, description="A customer at a glance")
+def customer_summary(key: str, views: Any) -> dict[str, Any]:
+    profile = views.kv("customers").get(key) or {}
+    windows = views.window("orders_per_minute").fetch(key)
+    latest = views.kv("latest_order").get(key)
+    return {
+        "orders": views.kv("order_count").get(key) or 0,
+        "spend": views.kv("total_spend").get(key),
+        "city": profile.get("city"),
+        "minutes": len(windows),
+        "ordered": views.bloom("ordered").might_contain(key),
+        "items": [] if latest is None else [latest["item"]],
+    }
+
+
+@owner_field("order_count")
+def fragile(key: str, views: Any) -> str:
+    if key == "customer-03":
+        raise ValueError("the secret detail that must not reach the client")
+    return f"{key}: {views.kv('order_count').get(key)}"
+
+
+@owner_field("order_count", returns="double", timeout_s=0.2)
+def slow(key: str, views: Any) -> float:
+    if key == "customer-04":
+        STARTED.set()
+        time.sleep(1.0)
+    return float(views.kv("total_spend").get(key) or 0.0)
+
+
+@owner_field("order_count", returns="bigint")
+def vandal(key: str, views: Any) -> int:
+    view = views.kv("order_count")
+    view.put(None, key, 1_000_000)  # no such method: the views read only
+    return 0
+
+
+def _app() -> App:
+    return dataclasses.replace(market_app(), fields=[customer_summary, fragile, slow, vandal])
+
+
+class OwnerApi:
+    """The market with owner-side fields, over the production query path of one node."""
+
+    def __init__(self, hosted: Hosted) -> None:
+        self.app = _app()
+        self.queries = single_node(self.app, MARKET_TYPES, hosted, cls=RecordingQueries)
+        self.limits = Limits()
+        self.schema = build_schema(
+            self.queries.stores(),
+            self.limits,
+            entities=entity_infos(self.app),
+            owner_fields=owner_field_infos(self.app),
+        )
+
+    async def run(self, query: str, variables: dict[str, Any] | None = None) -> ExecutionResult:
+        context = context_getter(self.queries, self.limits)()
+        return await self.schema.execute(query, variable_values=variables, context_value=context)
+
+
+@pytest.fixture
+def api(market_hosted: Hosted) -> OwnerApi:
+    return OwnerApi(market_hosted)
+
+
+def _truth() -> MarketTruth:
+    return MarketTruth(market_orders())
+
+
+def _expected_summary(key: str) -> dict[str, Any] | None:
+    orders = [o for o in market_orders() if o["customer"] == key]
+    minutes = {o["ms"] // 60_000 for o in orders}
+    return {
+        "orders": len(orders),
+        "spend": pytest.approx(sum(o["amount"] for o in orders)) if orders else None,
+        "city": MARKET_CUSTOMERS.get(key, {}).get("city"),
+        "minutes": len(minutes),
+        "ordered": bool(orders),
+        "items": [orders[-1]["item"]] if orders else [],
+    }
+
+
+def test_fields_are_typed_in_the_sdl(api: OwnerApi) -> None:
+    sdl = api.schema.as_str()
+    assert '"""A customer at a glance"""\n  customerSummary(' in sdl
+    assert 'customerSummary(\n    """The key."""\n    key: String!' in sdl
+    assert "): CustomerSummary\n" in sdl
+    assert "customerSummaryMany(" in sdl and "): [CustomerSummary]\n" in sdl
+    summary = sdl[sdl.index("type CustomerSummary {") :].split("}")[0]
+    for field in (
+        "orders: Long",
+        "spend: Float",
+        "city: String",
+        "minutes: Int",
+        "ordered: Boolean",
+        "items: [String]",
+    ):
+        assert field in summary
+    assert "): String\n" in sdl[sdl.index("  fragile(") :]
+    assert "): Float\n" in sdl[sdl.index("  slow(") :]
+    assert "_call(" in sdl
+
+
+async def test_values_equal_ground_truth_in_one_call_per_request(api: OwnerApi) -> None:
+    keys = [*_truth().customer_keys(), "customer-99"]
+    query = """query($k: [String!]!) { customerSummaryMany(keys: $k) { orders spend city minutes ordered items }
+      one: customerSummary(key: "customer-01") { orders } }"""
+    calls: list[tuple[str, list[Any]]] = []
+    real = api.queries.call_many
+
+    async def recording(field: str, keys: Any, max_lag: int | None = None) -> list[Any]:
+        calls.append((field, list(keys)))
+        return await real(field, keys, max_lag)
+
+    api.queries.call_many = recording  # type: ignore[method-assign]
+    result = await api.run(query, {"k": keys})
+    assert result.errors is None, result.errors
+    assert result.data is not None
+    for key, found in zip(keys, result.data["customerSummaryMany"], strict=True):
+        expected = _expected_summary(key)
+        assert found == expected, key
+    assert result.data["one"] == {"orders": _expected_summary("customer-01")["orders"]}  # type: ignore[index]
+    assert [field for field, _ in calls] == ["customer_summary"]  # both fields' keys: one batch
+    assert len(calls[0][1]) == len(keys)
+
+
+async def test_a_failing_function_is_internal_for_that_key_only(
+    api: OwnerApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = ["customer-01", "customer-03", "customer-05"]
+    with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner_fields"):
+        result = await api.run("query($k: [String!]!) { fragileMany(keys: $k) }", {"k": keys})
+    assert result.data is not None
+    counts = _truth()
+    assert result.data["fragileMany"][0] == f"customer-01: {sum(o['customer'] == 'customer-01' for o in counts.orders)}"
+    assert result.data["fragileMany"][1] is None
+    assert result.data["fragileMany"][2].startswith("customer-05: ")
+    assert result.errors is not None
+    [error] = [e.formatted for e in result.errors]
+    assert error["extensions"]["code"] == "INTERNAL"
+    assert error["path"] == ["fragileMany", 1]
+    assert "secret" not in error["message"]
+    [record] = [r for r in caplog.records if "customer-03" in r.getMessage()]
+    assert "fragile" in record.getMessage() and record.exc_info is not None
+    assert "the secret detail" in str(record.exc_info[1])
+
+
+async def test_a_slow_function_times_out_and_the_others_answer(api: OwnerApi) -> None:
+    STARTED.clear()
+    keys = ["customer-04", "customer-01", "customer-02"]
+    began = time.monotonic()
+    result = await api.run("query($k: [String!]!) { slowMany(keys: $k) }", {"k": keys})
+    elapsed = time.monotonic() - began
+    assert STARTED.is_set()
+    assert elapsed < 0.9  # answered at the timeout, not when the sleeping thread returns
+    assert result.data is not None and result.errors is not None
+    assert result.data["slowMany"][0] is None
+    spend = {c: pytest.approx(v) for c, v in _spend().items()}
+    assert result.data["slowMany"][1:] == [spend["customer-01"], spend["customer-02"]]
+    [error] = [e.formatted for e in result.errors]
+    assert error["extensions"] == {"code": "TIMEOUT", "field": "slow", "timeoutMs": 200}
+    assert error["path"] == ["slowMany", 0]
+
+
+def _spend() -> dict[str, float]:
+    found: dict[str, float] = {}
+    for order in market_orders():
+        found[order["customer"]] = found.get(order["customer"], 0.0) + order["amount"]
+    return found
+
+
+async def test_views_are_read_only(api: OwnerApi) -> None:
+    before = (await api.run('{ orderCount { get(key: "customer-01") } }')).data
+    result = await api.run('{ vandal(key: "customer-01") }')
+    assert result.data == {"vandal": None}
+    assert result.errors is not None and result.errors[0].formatted["extensions"]["code"] == "INTERNAL"
+    assert (await api.run('{ orderCount { get(key: "customer-01") } }')).data == before
+    views = api.queries.local.owner_fields  # what a function gets: read methods only
+    from iqgraph.app.owner_views import BloomView, KeyValueView, WindowView
+
+    for cls in (KeyValueView, WindowView, BloomView):
+        public = {n for n in dir(cls) if not n.startswith("_")}
+        assert public <= {"get", "get_many", "range", "prefix", "fetch", "might_contain", "might_contain_many"}
+    assert views is not None
+
+
+async def test_invalid_keys_and_limits_are_coded(api: OwnerApi) -> None:
+    result = await api.run('{ fragile(key: "") }')
+    assert result.errors is not None and result.errors[0].formatted["extensions"]["code"] == "INVALID_KEY"
+    many = ["customer-01"] * (api.limits.max_keys + 1)
+    result = await api.run("query($k: [String!]!) { fragileMany(keys: $k) }", {"k": many})
+    assert result.errors is not None and result.errors[0].formatted["extensions"]["code"] == "LIMIT_EXCEEDED"
+
+
+def test_a_root_field_taken_is_refused_when_the_schema_is_built(api: OwnerApi) -> None:
+    clash = OwnerFieldInfo("order_count", "string", MARKET_TYPES["order_count"], "order_count")
+    with pytest.raises(SchemaDefinitionError, match="would add the root field 'orderCount', which store"):
+        build_schema(api.queries.stores(), entities=entity_infos(api.app), owner_fields=[clash])
+    metadata = OwnerFieldInfo("nodes", "string", MARKET_TYPES["order_count"], "order_count")
+    with pytest.raises(SchemaDefinitionError, match="'nodes', which the metadata has"):
+        build_schema(api.queries.stores(), entities=entity_infos(api.app), owner_fields=[metadata])
+    entity = OwnerFieldInfo("customer_list", "string", MARKET_TYPES["order_count"], "order_count")
+    with pytest.raises(SchemaDefinitionError, match="'customerList', which an entity has"):
+        build_schema(api.queries.stores(), entities=entity_infos(api.app), owner_fields=[entity])
+
+
+def test_without_owner_fields_the_schema_is_unchanged(api: OwnerApi) -> None:
+    stores, entities = api.queries.stores(), entity_infos(api.app)
+    plain = build_schema(stores, entities=entities).as_str()
+    assert plain == build_schema(stores, entities=entities, owner_fields=()).as_str()
+    assert "_call" not in plain
+
+
+async def test_a_peer_answers_call_from_its_own_partitions_in_the_wire_format(api: OwnerApi) -> None:
+    from iqgraph.schema import wire
+    from iqgraph.schema.context import request_context
+    from iqgraph.streaming.partitioner import partition_for
+
+    keys = ["customer-01", "customer-03"]
+    calls = [(k, (partition_for(k, PARTITIONS, "string", "murmur2"),)) for k in keys]
+    variables = {"field": "fragile", "keys": wire.encode_calls(calls)}
+    forwarded = request_context(api.queries, api.limits, local=api.queries.local)
+    result = await api.schema.execute(wire.CALL, variable_values=variables, context_value=forwarded)
+    assert result.errors is None and result.data is not None
+    answer = wire.decode_call_answer(result.data["_call"])
+    assert answer.value[0].startswith("customer-01: ")
+    assert answer.value[1].code == "INTERNAL"
+    assert sorted(answer.positions) == sorted({p for _, (p,) in calls})
+    # a client (not a peer) may not call it
+    client = context_getter(api.queries, api.limits)()
+    refused = await api.schema.execute(wire.CALL, variable_values=variables, context_value=client)
+    assert refused.errors is not None and refused.errors[0].formatted["extensions"]["code"] == "BAD_REQUEST"
+
+
+def test_a_boxed_value_shaped_like_an_error_is_a_value() -> None:
+    from iqgraph.schema import wire
+    from iqgraph.schema.errors import ApiError
+    from iqgraph.schema.types import Answer
+
+    encoded = wire.encode_call_answer(Answer([{"error": "a struct's column"}, ApiError("no", "TIMEOUT")], {0: 5}))
+    decoded = wire.decode_call_answer(encoded)
+    assert decoded.value[0] == {"error": "a struct's column"}
+    assert isinstance(decoded.value[1], ApiError) and decoded.value[1].code == "TIMEOUT"
+    assert decoded.positions == {0: 5}
