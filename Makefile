@@ -92,7 +92,7 @@ bench-entities: install check-java
 	$(BIN)/python bench/entities.py
 
 # The sink's cost per record with the ranking index beside the same store without it (in-process), and top-5 per
-# genre on 1 and 3 nodes (docs/benchmarks.md; ~3–5 min). On a shared machine run it under the Spark lock:
+# genre on 1 and 3 nodes (docs/benchmarks.md; ~2–3 min once the lock is taken). On a shared machine run it under the Spark lock:
 # flock /tmp/iqgraph-spark.lock make bench-rankings
 .PHONY: bench-rankings
 bench-rankings: install check-java

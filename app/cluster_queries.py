@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from iqgraph.app import routing
 from iqgraph.app.local_partitions import LocalPartitions, definition_of, store_info
 from iqgraph.app.membership import ClusterMap, Membership
-from iqgraph.app.merging import combiner, finalize, finalize_items, scan_merge
+from iqgraph.app.merging import combiner, finalize_items, finalize_many, scan_merge
 from iqgraph.app.peers import PeerClient, PeerError, PeerUnavailableError
 from iqgraph.app.rankings import decode_rank_cursor, encode_rank_cursor, partition_positions
 from iqgraph.app.replicas import PeerStates
@@ -413,7 +413,7 @@ class ClusterStoreQueries:
         found = await self._execute(definition, needs, bound, ask, _each(combiner(definition)))
         for b, value in found.items():
             _spread(results, members[b], value)
-        return [finalize(definition, r) for r in results]
+        return finalize_many(definition, results)
 
     async def get_many(self, store: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Any]:
         """Return the value of each key of a key-value store, in key order (None when absent)."""

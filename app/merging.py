@@ -36,12 +36,18 @@ def combiner(definition: StoreDefinition) -> Callable[[Any, Any], Any]:
 
 def finalize(definition: StoreDefinition, result: Any) -> Any:
     """Return the value of one lookup's state (exceptions and missing values pass through)."""
-    if isinstance(result, Exception) or result is None or definition.kind is StoreKind.BLOOM:
-        return result
+    return finalize_many(definition, [result])[0]
+
+
+def finalize_many(definition: StoreDefinition, results: list[Any]) -> list[Any]:
+    """Return the values of lookups' states, in order (exceptions and missing values pass through)."""
+    if definition.kind is StoreKind.BLOOM:
+        return results
     agg = aggregation_of(definition)
     if definition.kind is StoreKind.WINDOW:
-        return [final_window(agg, w) for w in result]
-    return agg.finalize(result)
+        return [r if r is None or isinstance(r, Exception) else [final_window(agg, w) for w in r] for r in results]
+    done = agg.finalize
+    return [r if r is None or isinstance(r, Exception) else done(r) for r in results]
 
 
 def merge_windows(agg: Aggregation, a: Sequence[WindowedValue], b: Sequence[WindowedValue]) -> list[WindowedValue]:

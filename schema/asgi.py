@@ -172,6 +172,7 @@ class GraphQLApp(GraphQL[Context, None]):
 
         The lean path: the same GraphQL-over-HTTP rules (schema.http_spec), the same context, the same
         execution and the same response making as the Strawberry view, without its per-request machinery.
+        A peer's forwarded point reads (``wire.lookups``) are answered by ``schema.internal.answer_lookups``.
         Anything else — GraphiQL, a refused request (its refusal is the Strawberry path's), a document or
         variables no plan covers — gets None, and the Strawberry view serves it.
         """

@@ -51,12 +51,13 @@ class KeyValueStore:
 
         With states=True, return the stored aggregation states (mergeable across partitions) instead.
         """
-        encoded = [self.codec.encode(k) for k in keys]
+        encoded = self.codec.encode_many(keys)
         self.db.check_queryable()
-        raws = self.db.multi_get(self.name, encoded)
+        found = decode_values(self.db.multi_get(self.name, encoded))
         if states:
-            return [None if raw is None else decode_value(raw) for raw in raws]
-        return [self._value(raw) for raw in raws]
+            return found
+        done = self._finalize
+        return [None if state is None else done(state) for state in found]
 
     def range(
         self,

@@ -293,6 +293,15 @@ class PartitionTransaction:
         self._batch.delete(key, self.db.handle(family))
         self._pending.setdefault(family, {})[key] = None
 
+    def delete_many(self, family: str, keys: Iterable[bytes]) -> None:
+        """Delete every key of keys from family when the transaction commits."""
+        handle = self.db.handle(family)
+        pending = self._pending.setdefault(family, {})
+        delete = self._batch.delete
+        for key in keys:
+            delete(key, handle)
+            pending[key] = None
+
     def increment(self, counter: str, amount: int) -> None:
         """Add amount to counter (see PartitionDB.counter) when the transaction commits."""
         key = counter_key(counter)

@@ -32,6 +32,7 @@ KEEP_GROUP: Any = object()
 _ALL = b"a"
 _GROUP = b"g"
 _FLIP = 0xFFFF_FFFF_FFFF_FFFF
+_DOUBLE, _BITS = struct.Struct(">d"), struct.Struct(">Q")
 
 
 def index_family(name: str) -> str:
@@ -49,11 +50,17 @@ def group_prefix(group: str | None) -> bytes:
     return _GROUP + len(encoded).to_bytes(2, "big") + encoded
 
 
-def rank_bytes(value: float) -> bytes:
+def rank_bytes(value: Any) -> bytes:
     """Return 8 bytes whose byte order is value's order from the greatest down."""
-    bits: int = struct.unpack(">Q", struct.pack(">d", float(value) + 0.0))[0]  # + 0.0: -0.0 ties with 0.0
-    ascending = bits ^ _FLIP if bits >> 63 else bits | (1 << 63)
-    return (ascending ^ _FLIP).to_bytes(8, "big")
+    bits: int = _BITS.unpack(_DOUBLE.pack(float(value) + 0.0))[0]  # + 0.0: -0.0 ties with 0.0
+    return _BITS.pack(bits if bits >> 63 else bits ^ _FLIP >> 1)  # ascending order, inverted
+
+
+def _prefix(cache: dict[str, bytes], group: str) -> bytes:
+    prefix = cache.get(group)
+    if prefix is None:
+        prefix = cache[group] = group_prefix(group)
+    return prefix
 
 
 def rankable(value: Any) -> bool:
@@ -90,33 +97,41 @@ class RankingStore:
     def update(
         self, tx: PartitionTransaction, members: Sequence[Key], groups: Sequence[Any], values: Sequence[Any]
     ) -> None:
-        """Index each member under its group (or KEEP_GROUP: the one indexed) with its value, in tx."""
+        """Index each member under its group (or KEEP_GROUP: the one indexed) with its value, in tx.
+
+        Every old index key is deleted before any new one is put (a member's new key may equal another's old).
+        """
         encoded = self.codec.encode_many(members)
         olds = decode_values(tx.multi_get(self.name, encoded))
+        prefixes: dict[str, bytes] = {}
+        deletes: list[bytes] = []
+        puts: list[tuple[bytes, bytes]] = []
+        entries: list[tuple[bytes, bytes]] = []
         added = 0
         for member, old, group, value in zip(encoded, olds, groups, values, strict=True):
             old_group, old_value = old if old is not None else (None, None)
             new_group = old_group if group is KEEP_GROUP else group_of(group)
-            if old is not None and [new_group, value] == old:
+            if old is None:
+                added += 1
+            elif new_group == old_group and value == old_value and type(value) is type(old_value):
                 continue
-            for key in self._index_keys(member, old_group, old_value):
-                tx.delete(self.index, key)
-            raw = encode_value(value)
-            for key in self._index_keys(member, new_group, value):
-                tx.put(self.index, key, raw)
-            tx.put(self.name, member, encode_value([new_group, value]))
-            added += old is None
+            if rankable(old_value):
+                rank = rank_bytes(old_value)
+                deletes.append(_ALL + rank + member)
+                if old_group is not None:
+                    deletes.append(_prefix(prefixes, old_group) + rank + member)
+            raw = encode_value([new_group, value])
+            entries.append((member, raw))
+            if rankable(value):
+                rank, raw = rank_bytes(value), encode_value(value)
+                puts.append((_ALL + rank + member, raw))
+                if new_group is not None:
+                    puts.append((_prefix(prefixes, new_group) + rank + member, raw))
+        tx.delete_many(self.index, deletes)
+        tx.put_many(self.index, puts)
+        tx.put_many(self.name, entries)
         if added:
             tx.increment(self._entries_counter, added)
-
-    def _index_keys(self, member: bytes, group: str | None, value: Any) -> list[bytes]:
-        if not rankable(value):
-            return []
-        rank = rank_bytes(value)
-        keys = [_ALL + rank + member]
-        if group is not None:
-            keys.append(group_prefix(group) + rank + member)
-        return keys
 
     def top(self, group: str | None, limit: int, after: str | None = None) -> Page[IndexEntry]:
         """Return the index entries of group's members (None: all) from the greatest value down."""

@@ -31,9 +31,10 @@ GLANCE = "struct<orders: bigint, spend: double, tier: string, product: string>"
 
 
 def crm_app(orders: str, customers: str, products: str, bootstrap: str = "localhost:9092") -> App:
-    """Return the customers example with a global products table, the Product entity, latestOrder.product and
-    an owner-side field reading stores of both co-partitioned topics and the global table."""
-    from iqgraph.streaming.definitions import KafkaSettings
+    """Return the customers example with a global products table, the Product entity, latestOrder.product, a
+    ranking of customers by orders per item of their latest order, and an owner-side field reading stores of both
+    co-partitioned topics and the global table."""
+    from iqgraph.streaming.definitions import KafkaSettings, ranking_store
     from iqgraph.streaming.owner_fields import OwnerField
 
     def glance(key: str, views: Any) -> dict[str, Any]:
@@ -55,7 +56,11 @@ def crm_app(orders: str, customers: str, products: str, bootstrap: str = "localh
     return dataclasses.replace(
         base,
         topics=[*base.topics, Topic(products, schema=PRODUCT_SCHEMA, partitions=2, table=True, global_table=True)],
-        stores=[*stores, table_store("catalog", products)],
+        stores=[
+            *stores,
+            table_store("catalog", products),
+            ranking_store("top_customers", next(s for s in stores if s.name == "order_count"), group="item"),
+        ],
         entities=[*base.entities, Entity("Product", stores=["catalog"], table="catalog")],
         fields=[OwnerField("glance", glance, GLANCE, store="order_count")],
     )
@@ -264,3 +269,31 @@ def test_an_owner_side_field_runs_on_each_key_owner_with_one_forwarded_request_p
             "tier": truth.profiles.get(key, {}).get("tier"),
             "product": None if latest is None else product(latest["item"])["name"],
         }, key
+
+
+TOP = (
+    "query($g: String, $a: String) "
+    "{ topCustomers { top(group: $g, first: 7, after: $a) { member value rank cursor } } }"
+)
+
+
+def test_a_ranking_spanning_every_node_pages_in_order_with_ranks_that_continue(crm: Any) -> None:
+    nodes, truth = crm
+    items = {key: order["item"] for key, order in truth.latest.items()}
+    for group in [None, *sorted(set(items.values()))[:3]]:
+        members = [k for k in truth.counts if group is None or items[k] == group]
+        owners = {partition_for(k, PARTITIONS, "string", "murmur2") % 3 for k in members}
+        assert len(owners) == (3 if group is None else len(owners)) >= 2, group  # a group spans nodes too
+        expected = sorted(((k, truth.counts[k]) for k in members), key=lambda kv: (-kv[1], kv[0]))
+        for node in nodes:
+            seen: list[tuple[str, int, int]] = []
+            after = None
+            while True:
+                body = node.post(TOP, {"g": group, "a": after})
+                assert "errors" not in body, body.get("errors")
+                page = body["data"]["topCustomers"]["top"]
+                seen += [(e["member"], e["value"], e["rank"]) for e in page]
+                if len(page) < 7:
+                    break
+                after = page[-1]["cursor"]
+            assert seen == [(k, n, i) for i, (k, n) in enumerate(expected, start=1)], (node.id, group)
