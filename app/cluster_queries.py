@@ -544,12 +544,12 @@ class ClusterStoreQueries:
         Each partition's page of its index, resumed after the cursor's index key, merged and cut at first
         (app.rankings): ranks continue from the cursor's.
         """
-        rank, index_key = decode_rank_cursor(after, group)
+        rank, index_key = decode_rank_cursor(after, store, group)
         partitions = self.app.topic(definition_of(self.app, store, StoreKind.RANKING).topic).partitions
         resume = partition_positions(index_key, partitions)
         page = await self.scan(store, StoreKind.RANKING, Scan("top", {"group": group}), first, resume, max_lag)
         return [
-            Ranked(member, value, rank + i, encode_rank_cursor(rank + i, group, key))
+            Ranked(member, value, rank + i, encode_rank_cursor(store, rank + i, group, key))
             for i, (member, value, key) in enumerate(page.items, start=1)
         ]
 

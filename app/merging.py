@@ -8,15 +8,19 @@ combine and locate the items of a scan.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from iqgraph.app.scatter import Merge
+from iqgraph.schema.errors import INTERNAL, ApiError
 from iqgraph.schema.types import Scan
 from iqgraph.stores import KeyCodec, StoreKind, WindowedValue
 from iqgraph.stores.aggregations import Aggregation, merge_state
 from iqgraph.stores.codecs import encode_int64
 from iqgraph.streaming.definitions import App, StoreDefinition
+
+log = logging.getLogger(__name__)
 
 
 def aggregation_of(definition: StoreDefinition) -> Aggregation:
@@ -45,9 +49,23 @@ def finalize_many(definition: StoreDefinition, results: list[Any]) -> list[Any]:
         return results
     agg = aggregation_of(definition)
     if definition.kind is StoreKind.WINDOW:
-        return [r if r is None or isinstance(r, Exception) else [final_window(agg, w) for w in r] for r in results]
+        return [_finalized(definition, r, lambda r: [final_window(agg, w) for w in r]) for r in results]
     done = agg.finalize
-    return [r if r is None or isinstance(r, Exception) else done(r) for r in results]
+    try:
+        return [r if r is None or isinstance(r, Exception) else done(r) for r in results]
+    except Exception:  # a user's finalize failed for some key: find which, each answers for itself
+        return [_finalized(definition, r, done) for r in results]
+
+
+def _finalized(definition: StoreDefinition, result: Any, done: Callable[[Any], Any]) -> Any:
+    """Return done(result), or an INTERNAL error in its place if the store's finalize raised (logged)."""
+    if result is None or isinstance(result, Exception):
+        return result
+    try:
+        return done(result)
+    except Exception:  # the user's finalize: the key answers INTERNAL, the request goes on
+        log.exception("store %s: a state could not be finalized into a value", definition.name)
+        return ApiError(f"store {definition.name!r} could not compute this value (see the server log)", INTERNAL)
 
 
 def merge_windows(agg: Aggregation, a: Sequence[WindowedValue], b: Sequence[WindowedValue]) -> list[WindowedValue]:

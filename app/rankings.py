@@ -2,8 +2,8 @@
 
 Every partition orders a ranking's index the same way (value from the greatest down, then member), so
 one index key says where every partition resumes, and the rank of the next member is the cursor's rank
-plus one: a page of the merged ranking needs no per-partition positions. The cursor names its group,
-so a cursor of another group (or of another field) is an INVALID_CURSOR, not a page from the wrong place.
+plus one: a page of the merged ranking needs no per-partition positions. The cursor names its store and
+group, so a cursor of another group or field is an INVALID_CURSOR, not a page from the wrong place.
 """
 
 from __future__ import annotations
@@ -15,31 +15,34 @@ import orjson
 
 from iqgraph.app.scatter import encode_positions
 from iqgraph.stores import InvalidCursorError
+from iqgraph.stores.ranking import group_prefix
 from iqgraph.stores.scan import encode_cursor
 
 _TAG = b"r1:"
 
 
-def encode_rank_cursor(rank: int, group: str | None, index_key: bytes) -> str:
-    """Return the cursor that resumes a ranking after the member at rank, whose index key is index_key."""
-    body = orjson.dumps([rank, group, base64.b64encode(index_key).decode("ascii")])
+def encode_rank_cursor(store: str, rank: int, group: str | None, index_key: bytes) -> str:
+    """Return the cursor that resumes ranking store after the member at rank, whose index key is index_key."""
+    body = orjson.dumps([store, rank, group, base64.b64encode(index_key).decode("ascii")])
     return base64.urlsafe_b64encode(_TAG + body).decode("ascii")
 
 
-def decode_rank_cursor(cursor: str | None, group: str | None) -> tuple[int, bytes | None]:
-    """Return (rank, index key) of a ranking cursor of group ((0, None): from the top)."""
+def decode_rank_cursor(cursor: str | None, store: str, group: str | None) -> tuple[int, bytes | None]:
+    """Return (rank, index key) of a cursor of ranking store's group ((0, None): from the top)."""
     if cursor is None:
         return 0, None
     try:
         raw = base64.urlsafe_b64decode(cursor.encode("ascii"))
         if not raw.startswith(_TAG):
             raise ValueError("not a ranking cursor")
-        rank, of_group, key = orjson.loads(raw[len(_TAG) :])
+        of_store, rank, of_group, key = orjson.loads(raw[len(_TAG) :])
         index_key = base64.b64decode(key, validate=True)
     except (binascii.Error, ValueError, TypeError, UnicodeEncodeError) as exc:
         raise InvalidCursorError(f"cursor {cursor!r} is not a cursor of a ranking") from exc
-    if of_group != group or not isinstance(rank, int) or rank < 0:
-        raise InvalidCursorError(f"cursor {cursor!r} is for another group ({of_group!r}) than {group!r}")
+    if of_store != store or of_group != group:
+        raise InvalidCursorError(f"cursor {cursor!r} is for {of_store!r} group {of_group!r}, not {store!r} {group!r}")
+    if not isinstance(rank, int) or rank < 0 or not index_key.startswith(group_prefix(group)):
+        raise InvalidCursorError(f"cursor {cursor!r} is not a cursor this API issued")
     return rank, index_key
 
 

@@ -11,8 +11,9 @@ values then order by the member's key bytes (natural order, invariant 3): ties a
 same in every partition, so the top N of each partition merged by index key is the top N of all (a
 member lives in one partition). ``update`` runs in the batch's transaction, beside the store it ranks:
 a member's old index keys are deleted and its new ones put, so values may fall as well as rise. A member
-whose value is not a number (None, NaN) is kept out of the index. Groups are strings (other values are
-indexed by ``str``); a member without a group (None) is ranked only among all.
+whose value is not a finite number (None, NaN, ±inf: a stored JSON value cannot hold them) is kept out of
+the index. Groups are strings (other values are indexed by ``str``); a member without a group (None) is
+ranked only among all.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def _prefix(cache: dict[str, bytes], group: str) -> bytes:
 
 
 def rankable(value: Any) -> bool:
-    """Return whether value has a place in an index: a number, not NaN."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    """Return whether value has a place in an index: a finite number (what a stored JSON value can hold)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def group_of(value: Any) -> str | None:

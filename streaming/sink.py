@@ -32,7 +32,7 @@ import orjson
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from iqgraph.stores import KEEP_GROUP, PartitionState, PartitionStores, PartitionTransaction, StoreKind
+from iqgraph.stores import KEEP_GROUP, Aggregation, PartitionState, PartitionStores, PartitionTransaction, StoreKind
 from iqgraph.stores.codecs import decode_values
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.decode import Decoder, value_schema
@@ -356,11 +356,23 @@ def _rank(
         states.update(
             zip(missing, decode_values(tx.multi_get(ranked.name, ranked.codec.encode_many(missing))), strict=True)
         )
-    finalize = ranked.spec.aggregation.finalize
     members = list(states)
     column = ranking.group
     new_groups = [(groups[m] or {}).get(column) if column is not None and m in groups else KEEP_GROUP for m in members]
-    view.update(tx, members, new_groups, [None if states[m] is None else finalize(states[m]) for m in members])
+    aggregation = ranked.spec.aggregation
+    view.update(tx, members, new_groups, [_ranked_value(ranking, aggregation, m, states[m]) for m in members])
+
+
+def _ranked_value(ranking: StoreDefinition, aggregation: Aggregation, member: Any, state: Any) -> Any:
+    """Return the value a ranking indexes for member: its state finalized (None, out of the index, if that fails:
+    a user's finalize that raises must not stop the partition; the store it ranks answers the error)."""
+    if state is None:
+        return None
+    try:
+        return aggregation.finalize(state)
+    except Exception:  # the user's code: anything it raises leaves this member unranked, logged
+        log.exception("ranking %s: the value of %r could not be finalized; left out of the index", ranking.name, member)
+        return None
 
 
 def mark_running_when_caught_up(stores: PartitionStores, target: int) -> None:

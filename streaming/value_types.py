@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql.types import (
     BooleanType,
     DataType,
+    DecimalType,
     DoubleType,
     IntegralType,
     LongType,
@@ -43,7 +44,12 @@ def _aggregate_type(store: StoreDefinition, records: StructType) -> DataType:
     column = str(agg.column)
     if column not in records.fieldNames():
         raise DefinitionError(f"store {store.name!r} aggregates column {column!r}, which its records lack")
-    if agg.kind != "avg" and isinstance(records[column].dataType, IntegralType):
+    data_type = records[column].dataType
+    if not isinstance(data_type, NumericType):
+        raise DefinitionError(
+            f"store {store.name!r}: {agg.kind} needs a numeric column; {column!r} is {data_type.simpleString()}"
+        )
+    if agg.kind != "avg" and isinstance(data_type, IntegralType):
         return LongType()
     return DoubleType()
 
@@ -77,9 +83,10 @@ def value_types(app: App, spark: SparkSession) -> dict[str, DataType]:
 def _ranked_type(ranking: StoreDefinition, types: dict[str, DataType]) -> DataType:
     """Return the type of a ranking's values (those of the store it ranks); refuse values that are not numbers."""
     ranked = types[str(ranking.ranks)]
-    if not isinstance(ranked, NumericType):
+    if not isinstance(ranked, NumericType) or isinstance(ranked, DecimalType):
         raise DefinitionError(
-            f"ranking {ranking.name!r} ranks {ranking.ranks!r}, whose values are {ranked.simpleString()}, not numbers"
+            f"ranking {ranking.name!r} ranks {ranking.ranks!r}, whose values are {ranked.simpleString()}: rank "
+            "integers or doubles"
         )
     return ranked
 

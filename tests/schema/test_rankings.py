@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
-from pyspark.sql.types import LongType
+from pyspark.sql.types import DoubleType, LongType
 
 from iqgraph.schema import wire
 from iqgraph.schema.types import Answer
@@ -22,10 +22,13 @@ from iqgraph.streaming.definitions import (
     count,
     key_value_store,
     latest,
+    max_,
     ranking_store,
     sum_,
 )
 from iqgraph.streaming.sink import PartitionBatch, StoreSink
+from iqgraph.streaming.user_aggregations import UserAggregation, aggregate
+from iqgraph.streaming.value_types import value_types
 from tests.queries import single_node
 from tests.schema.apps import PARTITIONS, shop_partition
 from tests.schema.conftest import Api, Hosted, RecordingQueries, close_hosted, open_hosted
@@ -179,6 +182,60 @@ async def test_a_cursor_of_another_group_is_one_invalid_cursor_error(charts: tup
     assert [e["extensions"]["code"] for e in errors] == ["INVALID_CURSOR"]
     errors = await api.errors(QUERY, {"g": "rock", "n": 2, "a": "not-a-cursor"})
     assert [e["extensions"]["code"] for e in errors] == ["INVALID_CURSOR"]
+    seconds = (await api.data(PAGE % "topSeconds", {"g": None, "n": 2}))["topSeconds"]["top"]
+    errors = await api.errors(QUERY, {"g": None, "n": 2, "a": seconds[-1]["cursor"]})  # another field's
+    assert [e["extensions"]["code"] for e in errors] == ["INVALID_CURSOR"]
+
+
+def _mean() -> UserAggregation:
+    """A mean over column x whose finalize raises for a key whose records all had no x."""
+    return UserAggregation(
+        "mean",
+        lambda: [0, 0],
+        lambda s, row: s if row["x"] is None else [s[0] + row["x"], s[1] + 1],
+        lambda a, b: [a[0] + b[0], a[1] + b[1]],
+        lambda s: s[0] / s[1],
+        "double",
+        columns=("x",),
+    )
+
+
+async def test_a_value_whose_finalize_raises_is_unranked_and_that_key_alone_answers_internal(tmp_path: Path) -> None:
+    means = key_value_store("means", TOPIC, aggregate(_mean()))
+    app = App("means", [Topic(TOPIC, schema="x DOUBLE", partitions=PARTITIONS)], [means, ranking_store("top", means)])
+    hosted: Hosted = open_hosted(tmp_path / "means", app, TOPIC)
+    for stores in hosted[TOPIC].values():
+        stores.db.set_state(PartitionState.RUNNING)
+    try:
+        batches: dict[int, PartitionBatch] = {}
+        for key, state in (("a", [6.0, 2]), ("b", [0, 0]), ("c", [9.0, 1])):
+            batch = batches.setdefault(shop_partition(key), PartitionBatch())
+            batch.partials["means"].append((key, None, state, 1))
+            batch.partials["top"].append((key, None, None, 1))
+            batch.first_offset = 0
+            batch.last_offset = len(batch.partials["means"]) - 1
+        StoreSink(app, app.topic(TOPIC), hosted[TOPIC]).apply(batches)  # "b" cannot finalize: the batch applies
+        assert sum(s.db.next_offset() for s in hosted[TOPIC].values()) == 3
+        types = {"means": DoubleType(), "top": DoubleType()}
+        api = Api(app, single_node(app, types, hosted, cls=RecordingQueries))
+        top = (await api.data("{ top { top { member value rank } } }"))["top"]["top"]
+        assert top == [{"member": "c", "value": 9.0, "rank": 1}, {"member": "a", "value": 3.0, "rank": 2}]
+        result = await api.run('{ means { getMany(keys: ["a", "b", "c"]) } }')
+        assert result.data == {"means": {"getMany": [3.0, None, 9.0]}}
+        assert [(e.path, e.extensions["code"]) for e in result.errors or []] == [(["means", "getMany", 1], "INTERNAL")]
+    finally:
+        close_hosted(hosted)
+
+
+def test_rankings_of_decimals_and_sums_of_strings_fail_at_load(spark: Any) -> None:
+    topic = Topic(TOPIC, schema="title STRING, price DECIMAL(10,2)")
+    titles = key_value_store("titles", TOPIC, max_("title"))
+    with pytest.raises(DefinitionError, match="max needs a numeric column; 'title' is string"):
+        value_types(App("bad", [topic], [titles]), spark)
+    money = UserAggregation("money", lambda: 0, lambda s, r: s, lambda a, b: a + b, lambda s: s, "decimal(10,2)")
+    revenue = key_value_store("revenue", TOPIC, aggregate(money, "price"))
+    with pytest.raises(DefinitionError, match="whose values are decimal.*rank integers or doubles"):
+        value_types(App("bad", [topic], [revenue, ranking_store("top", revenue)]), spark)
 
 
 def test_rankings_that_cannot_be_kept_fail_at_load_with_one_line() -> None:

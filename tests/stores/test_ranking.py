@@ -122,3 +122,15 @@ def test_a_group_longer_than_its_length_prefix_is_refused(
     stores = open_partition(specs=RANKING)
     with pytest.raises(ValueError, match="65,535 bytes"):
         stores.ranking("top").top("x" * 70_000, 5)
+
+
+def test_an_infinite_value_is_kept_out_and_leaves_nothing_stale(
+    open_partition: Callable[..., PartitionStores], apply: Apply
+) -> None:
+    stores = open_partition(specs=RANKING)
+    view = stores.ranking("top")
+    apply(stores, lambda tx: view.update(tx, ["a", "b"], ["g", "g"], [float("inf"), float("-inf")]))
+    assert _top(stores, "g") == []
+    apply(stores, lambda tx: view.update(tx, ["a", "b"], [KEEP_GROUP, KEEP_GROUP], [5, 2]))
+    assert _top(stores, "g") == [("a", 5), ("b", 2)]
+    assert _top(stores, None) == [("a", 5), ("b", 2)]
