@@ -18,7 +18,6 @@ ranked only among all.
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -66,7 +65,8 @@ def _prefix(cache: dict[str, bytes], group: str) -> bytes:
 
 def rankable(value: Any) -> bool:
     """Return whether value has a place in an index: a finite number (what a stored JSON value can hold)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    kind = type(value)  # int or float exactly: not bool, not None; x - x is 0 only for finite x
+    return (kind is int or kind is float) and value - value == 0
 
 
 def group_of(value: Any) -> str | None:
