@@ -214,7 +214,8 @@ async def test_a_value_whose_finalize_raises_is_unranked_and_that_key_alone_answ
             batch.partials["top"].append((key, None, None, 1))
             batch.first_offset = 0
             batch.last_offset = len(batch.partials["means"]) - 1
-        StoreSink(app, app.topic(TOPIC), hosted[TOPIC]).apply(batches)  # "b" cannot finalize: the batch applies
+        sink = StoreSink(app, app.topic(TOPIC), hosted[TOPIC])
+        sink.apply(batches)  # "b" cannot finalize: the batch still applies
         assert sum(s.db.next_offset() for s in hosted[TOPIC].values()) == 3
         types = {"means": DoubleType(), "top": DoubleType()}
         api = Api(app, single_node(app, types, hosted, cls=RecordingQueries))
@@ -223,15 +224,27 @@ async def test_a_value_whose_finalize_raises_is_unranked_and_that_key_alone_answ
         result = await api.run('{ means { getMany(keys: ["a", "b", "c"]) } }')
         assert result.data == {"means": {"getMany": [3.0, None, 9.0]}}
         assert [(e.path, e.extensions["code"]) for e in result.errors or []] == [(["means", "getMany", 1], "INTERNAL")]
+        # a user aggregation's value falls: c's mean goes from 9 to 2, below a's 3
+        p = shop_partition("c")
+        later = PartitionBatch(first_offset=hosted[TOPIC][p].db.next_offset())
+        later.last_offset = later.first_offset
+        later.partials["means"].append(("c", None, [-3.0, 2], 1))
+        later.partials["top"].append(("c", None, None, 1))
+        sink.apply({p: later})
+        fallen = (await api.data("{ top { top { member value rank } } }"))["top"]["top"]
+        assert fallen == [{"member": "a", "value": 3.0, "rank": 1}, {"member": "c", "value": 2.0, "rank": 2}]
     finally:
         close_hosted(hosted)
 
 
-def test_rankings_of_decimals_and_sums_of_strings_fail_at_load(spark: Any) -> None:
+def test_rankings_of_decimals_missing_groups_and_sums_of_strings_fail_at_load(spark: Any) -> None:
     topic = Topic(TOPIC, schema="title STRING, price DECIMAL(10,2)")
     titles = key_value_store("titles", TOPIC, max_("title"))
     with pytest.raises(DefinitionError, match="max needs a numeric column; 'title' is string"):
         value_types(App("bad", [topic], [titles]), spark)
+    plays = key_value_store("plays", TOPIC, count())
+    with pytest.raises(DefinitionError, match=r"'top'.*\['genre'\], which its records lack"):
+        value_types(App("bad", [topic], [plays, ranking_store("top", plays, group="genre")]), spark)
     money = UserAggregation("money", lambda: 0, lambda s, r: s, lambda a, b: a + b, lambda s: s, "decimal(10,2)")
     revenue = key_value_store("revenue", TOPIC, aggregate(money, "price"))
     with pytest.raises(DefinitionError, match="whose values are decimal.*rank integers or doubles"):
