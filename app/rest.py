@@ -121,6 +121,11 @@ async def _value(queries: ClusterStoreQueries, request: Request) -> Response:
     bound = queries.bind(reports, request.headers.get("authorization"))
     kind = StoreKind(next(s.kind for s in queries.stores() if s.name == store))
     body: dict[str, Any] = {"store": store, "key": key}
+    if kind is StoreKind.RANKING:
+        raise invalid_argument(
+            "store",
+            f"{store!r} is a ranking: it keeps no value per key; read its top with GraphQL (top(group:, first:))",
+        )
     if kind is StoreKind.KEY_VALUE:
         [found] = await bound.get_many(store, [key], max_lag)
         found = _raise_if_error(found)

@@ -8,10 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from pyspark.sql.types import DoubleType, LongType
+from starlette.applications import Starlette
 
+from iqgraph.app.rest import rest_routes
 from iqgraph.schema import wire
 from iqgraph.schema.types import Answer
 from iqgraph.stores import IndexEntry, Page, PartitionState
@@ -271,3 +274,18 @@ def test_index_entries_cross_the_peer_wire_whole() -> None:
     decoded = wire.decode_scan(orjson.loads(orjson.dumps(wire.encode_scan(answer))), windowed=False)
     assert decoded.value[0].items == entries.items
     assert all(isinstance(item, IndexEntry) for item in decoded.value[0].items)
+
+
+async def test_the_rest_path_says_a_ranking_is_read_through_its_top(tmp_path: Path) -> None:
+    app = charts_app()
+    hosted: Hosted = open_hosted(tmp_path / "rest", app, TOPIC)
+    try:
+        routes = rest_routes(single_node(app, TYPES, hosted))
+        transport = httpx.ASGITransport(app=Starlette(routes=routes))
+        async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
+            found = await client.get("/stores/top_songs/keys/song-01")
+        error = found.json()["errors"][0]
+        assert (found.status_code, error["extensions"]["code"]) == (400, "INVALID_ARGUMENT")
+        assert "is a ranking" in error["message"]
+    finally:
+        close_hosted(hosted)
