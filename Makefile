@@ -40,7 +40,7 @@ demo: install check-java
 	$(BIN)/iqgraph demo
 
 test: install check-java check-chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=12  # the slowest tests: the CI budget is watched
 
 lint: install typecheck
 	$(BIN)/ruff check .

@@ -1,8 +1,8 @@
 """Read-only views of the stores an owner-side field's function may read, on the node running it.
 
 ``views.kv(store)``, ``views.window(store)`` and ``views.bloom(store)`` return views with read methods
-only (there is nothing to write with): values are finalized (an average, not its sum and count), as a
-client reads them. Which partitions a view reads:
+only (there is nothing to write with): values are finalized (an average, not its sum and count; a user
+aggregation's value, not its state), as a client reads them. Which partitions a view reads:
 
 - a store of the routing store's topic, or of a topic co-partitioned with it (the same partition count and
   key format), keyed by the record key: the partition(s) of the call's key, hosted here — the key, and any
@@ -13,6 +13,12 @@ client reads them. Which partitions a view reads:
 
 A partition that is not hosted here or not queryable raises the stores' STORE_MIGRATED / STORE_NOT_READY
 errors, which the routing core retries on another replica, as for a lookup.
+
+What "read-only" means: a view keeps only the stores' *read* methods (bound, per partition), never a
+partition's stores or database handle, and has no write method; the views object keeps a closure that opens
+views, not the node's partitions. That is an API guarantee, not a sandbox: Python code that digs through
+dunder internals (a bound method's ``__self__``, a closure's cells) reaches the live stores, and nothing
+stops it writing — the function is trusted code of the app, run in the node's process.
 """
 
 from __future__ import annotations
@@ -22,44 +28,71 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from iqgraph.app.local_partitions import FAR_FUTURE, FAR_PAST, definition_of
-from iqgraph.app.merging import combiner, final_window, finalize, key_codec, merge_windows
-from iqgraph.stores import Key, KeyCodec, PartitionStores, StoreKind, WindowedValue
-from iqgraph.stores.aggregations import aggregation_named
+from iqgraph.app.merging import combiner, finalize, key_codec
+from iqgraph.stores import Key, KeyCodec, StoreKind, WindowedValue
 
 if TYPE_CHECKING:
     from iqgraph.app.local_partitions import LocalPartitions
+    from iqgraph.stores import PartitionStores
     from iqgraph.streaming.definitions import StoreDefinition
 
 DEFAULT_LIMIT = 100
+#: Per partition, the read methods one view kind keeps (bound methods of that store of the partition).
+ReadMethods = dict[str, tuple[Callable[..., Any], ...]]
 
 
 class OwnerViewError(Exception):
     """A store an owner-side field cannot read on the key's owner (no local copy of the key's data)."""
 
 
+def _finalized(definition: StoreDefinition, state: Any) -> Any:
+    """Return a state's value; raise the INTERNAL error in its place if the store's finalize failed (logged)."""
+    value = finalize(definition, state)
+    if isinstance(value, Exception):
+        raise value
+    return value
+
+
 class _View:
-    """A store's partitions this call reads, and how their states combine and finalize."""
+    """One store's read methods over the partitions this call reads, and how their states combine."""
 
-    __slots__ = ("_codec", "_combine", "_definition", "_partitions")
+    __slots__ = ("_combine", "_definition", "_encode", "_reads")
+    _METHODS: tuple[str, ...] = ()
 
-    def __init__(self, definition: StoreDefinition, partitions: Sequence[PartitionStores], codec: KeyCodec) -> None:
+    def __init__(self, definition: StoreDefinition, reads: ReadMethods, codec: KeyCodec) -> None:
         self._definition = definition
-        self._partitions = tuple(partitions)
+        self._reads = reads
         self._combine = combiner(definition)
-        self._codec = codec
+        self._encode = codec.encode
 
-    def _merged(self, read: Callable[[PartitionStores], list[Any]]) -> list[Any]:
+    @classmethod
+    def read_methods(cls, definition: StoreDefinition, partitions: Sequence[PartitionStores]) -> ReadMethods:
+        """Return the read methods this kind of view keeps, per partition (bound to that partition's store)."""
+        stores = [_store(definition, s) for s in partitions]
+        return {name: tuple(getattr(store, name) for store in stores) for name in cls._METHODS}
+
+    def _merged(self, read: Callable[[Callable[..., Any]], list[Any]], method: str) -> list[Any]:
         merged: list[Any] | None = None
-        for stores in self._partitions:
-            values = read(stores)
+        for partition_read in self._reads[method]:
+            values = read(partition_read)
             merged = values if merged is None else [self._combine(a, b) for a, b in zip(merged, values, strict=True)]
         return merged or []
+
+
+def _store(definition: StoreDefinition, stores: PartitionStores) -> Any:
+    name = definition.name
+    if definition.kind is StoreKind.KEY_VALUE:
+        return stores.kv(name)
+    if definition.kind is StoreKind.WINDOW:
+        return stores.window(name)
+    return stores.bloom(name)
 
 
 class KeyValueView(_View):
     """Read a key-value store: ``get``, ``get_many``, ``range``, ``prefix``."""
 
     __slots__ = ()
+    _METHODS = ("multi_get", "range", "prefix")
 
     def get(self, key: Key) -> Any:
         """Return the value of key (None if absent)."""
@@ -67,52 +100,53 @@ class KeyValueView(_View):
 
     def get_many(self, keys: Sequence[Key]) -> list[Any]:
         """Return the value of each key, in key order (None where absent)."""
-        name = self._definition.name
-        states = self._merged(lambda stores: stores.kv(name).multi_get(list(keys), states=True))
-        return [finalize(self._definition, s) for s in states] if states else [None] * len(keys)
+        states = self._merged(lambda multi_get: multi_get(list(keys), states=True), "multi_get")
+        return [_finalized(self._definition, s) for s in states] if states else [None] * len(keys)
 
     def range(self, from_key: Key | None = None, to_key: Key | None = None, limit: int = DEFAULT_LIMIT) -> list[Any]:
         """Return up to limit (key, value) with from_key <= key <= to_key (None: open), in key order."""
-        name = self._definition.name
-        return self._entries(lambda stores: stores.kv(name).range(from_key, to_key, limit, states=True).items, limit)
+        pages = [read(from_key, to_key, limit, states=True).items for read in self._reads["range"]]
+        return self._entries(pages, limit)
 
     def prefix(self, prefix: str, limit: int = DEFAULT_LIMIT) -> list[Any]:
         """Return up to limit (key, value) whose string key starts with prefix, in key order."""
-        name = self._definition.name
-        return self._entries(lambda stores: stores.kv(name).prefix(prefix, limit, states=True).items, limit)
+        pages = [read(prefix, limit, states=True).items for read in self._reads["prefix"]]
+        return self._entries(pages, limit)
 
-    def _entries(self, page: Callable[[PartitionStores], list[Any]], limit: int) -> list[Any]:
-        encode = self._codec.encode
+    def _entries(self, pages: list[list[Any]], limit: int) -> list[Any]:
+        encode = self._encode
         merged: list[list[Any]] = []
-        for key, state in heapq.merge(*(page(s) for s in self._partitions), key=lambda e: encode(e[0])):
+        for key, state in heapq.merge(*pages, key=lambda e: encode(e[0])):
             if merged and merged[-1][0] == key:
                 merged[-1][1] = self._combine(merged[-1][1], state)
             elif len(merged) == limit:
                 break
             else:
                 merged.append([key, state])
-        return [(key, finalize(self._definition, state)) for key, state in merged]
+        return [(key, _finalized(self._definition, state)) for key, state in merged]
 
 
 class WindowView(_View):
     """Read a window store: ``fetch``."""
 
     __slots__ = ()
+    _METHODS = ("fetch",)
 
     def fetch(self, key: Key, time_from: int | None = None, time_to: int | None = None) -> list[WindowedValue]:
         """Return key's windows (key, start, end, value; times in epoch ms) with start in the range, oldest first."""
         lo, hi = FAR_PAST if time_from is None else time_from, FAR_FUTURE if time_to is None else time_to
-        name, agg = self._definition.name, aggregation_named(self._definition.aggregation)
-        windows: list[WindowedValue] = []
-        for stores in self._partitions:
-            windows = merge_windows(agg, windows, stores.window(name).fetch(key, lo, hi, states=True))
-        return [final_window(agg, w) for w in windows]
+        windows: list[WindowedValue] | None = None
+        for read in self._reads["fetch"]:
+            found = read(key, lo, hi, states=True)
+            windows = found if windows is None else self._combine(windows, found)
+        return _finalized(self._definition, windows or [])  # type: ignore[no-any-return]
 
 
 class BloomView(_View):
     """Read a bloom store: ``might_contain``, ``might_contain_many``."""
 
     __slots__ = ()
+    _METHODS = ("might_contain_many",)
 
     def might_contain(self, key: Key) -> bool:
         """Return False if key was never added, True if it probably was."""
@@ -120,21 +154,21 @@ class BloomView(_View):
 
     def might_contain_many(self, keys: Sequence[Key]) -> list[bool]:
         """Return, per key, whether it was probably added."""
-        name = self._definition.name
-        found = self._merged(lambda stores: list(stores.bloom(name).might_contain_many(list(keys))))
+        found = self._merged(lambda read: list(read(list(keys))), "might_contain_many")
         return [bool(f) for f in found] if found else [False] * len(keys)
 
 
 class StoreViews:
-    """The read-only views one call of an owner-side field gets: the stores on this node, for its key."""
+    """The read-only views one call of an owner-side field gets: the stores on this node, for its key.
 
-    __slots__ = ("_cache", "_local", "_partitions", "_routing")
+    It keeps a closure that opens a store's view (``_open``), not the node's partitions.
+    """
+
+    __slots__ = ("_cache", "_open")
 
     def __init__(self, local: LocalPartitions, routing: StoreDefinition, partitions: Sequence[int]) -> None:
-        self._local = local
-        self._routing = routing
-        self._partitions = tuple(partitions)
         self._cache: dict[tuple[str, StoreKind], Any] = {}
+        self._open = _opener(local, routing, tuple(partitions))
 
     def kv(self, store: str) -> KeyValueView:
         """Return a read-only view of the key-value store called store."""
@@ -151,26 +185,41 @@ class StoreViews:
     def _view(self, store: str, kind: StoreKind, cls: type[_View]) -> Any:
         found = self._cache.get((store, kind))
         if found is None:
-            definition = definition_of(self._local.app, store, kind)
-            # the partitions' own checks: not hosted -> STORE_MIGRATED, not queryable -> STORE_NOT_READY
-            hosted = [self._local._hosted(definition, p) for p in self._partitions_of(definition)]
-            found = self._cache[store, kind] = cls(definition, hosted, key_codec(self._local.app, definition))
+            found = self._cache[store, kind] = self._open(store, kind, cls)
         return found
 
-    def _partitions_of(self, definition: StoreDefinition) -> Sequence[int]:
-        app = self._local.app
-        topic, routing = app.topic(definition.topic), app.topic(self._routing.topic)
-        if topic.global_table:
-            return range(topic.partitions)
-        if not definition.co_partitioned:
-            raise OwnerViewError(
-                f"store {definition.name!r} is keyed by column {definition.key!r}: its keys are in every partition, "
-                f"not with the key of {self._routing.name!r}; an owner-side field reads stores keyed by the record "
-                "key of a co-partitioned topic, and global tables"
-            )
-        if (topic.partitions, topic.key_format) != (routing.partitions, routing.key_format):
-            raise OwnerViewError(
-                f"store {definition.name!r} reads topic {topic.name!r}, not co-partitioned with {routing.name!r} "
-                f"({topic.partitions} vs {routing.partitions} partitions): the key's data is not on this node"
-            )
-        return self._partitions
+
+def _opener(
+    local: LocalPartitions, routing: StoreDefinition, partitions: tuple[int, ...]
+) -> Callable[[str, StoreKind, type[_View]], _View]:
+    """Return a function opening a view of a store for the call's partitions (local is only in its closure)."""
+
+    def open_view(store: str, kind: StoreKind, cls: type[_View]) -> _View:
+        app = local.app
+        definition = definition_of(app, store, kind)
+        # the partitions' own checks: not hosted -> STORE_MIGRATED, not queryable -> STORE_NOT_READY
+        hosted = [local._hosted(definition, p) for p in _partitions_of(local, routing, partitions, definition)]
+        return cls(definition, cls.read_methods(definition, hosted), key_codec(app, definition))
+
+    return open_view
+
+
+def _partitions_of(
+    local: LocalPartitions, routing: StoreDefinition, partitions: tuple[int, ...], definition: StoreDefinition
+) -> Sequence[int]:
+    app = local.app
+    topic, routed = app.topic(definition.topic), app.topic(routing.topic)
+    if topic.global_table:
+        return range(topic.partitions)
+    if not definition.co_partitioned:
+        raise OwnerViewError(
+            f"store {definition.name!r} is keyed by column {definition.key!r}: its keys are in every partition, "
+            f"not with the key of {routing.name!r}; an owner-side field reads stores keyed by the record "
+            "key of a co-partitioned topic, and global tables"
+        )
+    if (topic.partitions, topic.key_format) != (routed.partitions, routed.key_format):
+        raise OwnerViewError(
+            f"store {definition.name!r} reads topic {topic.name!r}, not co-partitioned with {routed.name!r} "
+            f"({topic.partitions} vs {routed.partitions} partitions): the key's data is not on this node"
+        )
+    return partitions

@@ -27,6 +27,12 @@ from iqgraph.schema.asgi import FORWARDED_HEADER, encode_json
 from iqgraph.schema.errors import NODE_UNAVAILABLE
 from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
 
+#: How long the peer client waits for a peer's answer (read, write, pool), in seconds.
+PEER_TIMEOUT_S = 5.0
+#: The longest timeout_s an owner-side field may have: the peer's answer must reach the caller within
+#: PEER_TIMEOUT_S, with a second left for the round trip (else the caller sees the peer as down).
+OWNER_FIELD_MAX_TIMEOUT_S = PEER_TIMEOUT_S - 1.0
+
 
 class PeerError(Exception):
     """A peer answered a forwarded sub-request with an error."""
@@ -87,7 +93,7 @@ class PeerClient:
         self,
         node_id: str,
         *,
-        timeout_s: float = 5.0,
+        timeout_s: float = PEER_TIMEOUT_S,
         connect_timeout_s: float = 1.0,
         max_connections: int = 64,
         observer: PeerObserver | None = None,

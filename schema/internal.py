@@ -24,7 +24,9 @@ from iqgraph.schema.errors import ApiError, invalid_argument, store_errors
 from iqgraph.schema.resolving import context
 from iqgraph.schema.types import PeerQueries, Scan
 
-INTERNAL_FIELDS = ("_lookup", "_scan", "_count")
+#: The internal root fields (``_call``, an owner-side field's sub-request, is schema.owner_fields'). Nothing
+#: hides them from the SDL: they show there, described as internal, like any root field.
+INTERNAL_FIELDS = ("_lookup", "_scan", "_count", "_call")
 #: The documents of point reads peers send (``wire.lookups(n)``), by their text.
 _LOOKUP_DOCUMENTS = {wire.lookups(n): n for n in range(1, wire.MAX_LOOKUPS + 1)}
 

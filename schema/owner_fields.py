@@ -7,6 +7,11 @@ makes::
     favouriteGenreMany(keys: [String!]!, maxLag: Long): [FavouriteGenre]  # in key order, null per failed key
     type FavouriteGenre { genre: String  plays: Long }                  # the declared type (schema.value_types)
 
+The owner sends a value as JSON that the declared type's converter (``schema.value_types``) reads, checked
+by that converter on the owner before it is sent (``app.owner_fields``): bytes travel as base64 text, so
+the converter of an owner-side field reads a ``binary`` as the base64 string it already is
+(``wire_type``) — the GraphQL type (String, base64) is a store's binary's.
+
 Both load through the request's loader of the field (``Loaders.calls``): every key of one request (several
 fields, aliases, entities) goes out as ONE ``StoreQueries.call_many``, which routes the keys to their owners
 and sends each peer one ``_call`` sub-request. A key's error is in place of its value only: INTERNAL (the
@@ -18,10 +23,11 @@ only (a forwarded request; ``schema.internal``), in the JSON of ``schema.wire``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import strawberry
+from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringType, StructField, StructType
 from strawberry.scalars import JSON
 
 from iqgraph.schema import wire
@@ -37,6 +43,42 @@ from iqgraph.schema.types import OwnerFieldInfo
 from iqgraph.schema.value_types import ValueTypes
 
 CALL_FIELD = "_call"
+_BASE64 = "Bytes, base64-encoded."
+
+
+def wire_type(data_type: DataType) -> DataType:
+    """Return data_type as an owner-side field's value travels: each binary a string of base64 text.
+
+    A store keeps bytes as their UTF-8 text, which the schema's binary converter base64-encodes; a function's
+    bytes need not be UTF-8, so the owner base64-encodes them (``app.owner_fields.as_json``) and the
+    converters read that text as a string: no bytes are decoded, none encoded twice.
+    """
+    if isinstance(data_type, BinaryType):
+        return StringType()
+    if isinstance(data_type, ArrayType):
+        return ArrayType(wire_type(data_type.elementType), data_type.containsNull)
+    if isinstance(data_type, MapType):
+        return MapType(wire_type(data_type.keyType), wire_type(data_type.valueType), data_type.valueContainsNull)
+    if isinstance(data_type, StructType):
+        return StructType([_wire_field(f) for f in data_type.fields])
+    return data_type
+
+
+def value_converter(name: str, data_type: DataType) -> Callable[[Any], Any]:
+    """Return the converter the schema reads an owner-side field's wire values with (None stays None).
+
+    The owner checks a function's value with it before sending it (``app.owner_fields``): a value the
+    schema could not read is the owner's INTERNAL error for that key, never the caller's format error.
+    """
+    return ValueTypes(TypeNames(set())).of(wire_type(data_type), pascal_case(name)).nullable()[1]
+
+
+def _wire_field(column: StructField) -> StructField:
+    metadata = dict(column.metadata or {})
+    if isinstance(column.dataType, BinaryType):  # described as a store's binary column is
+        comment = metadata.get("comment")
+        metadata["comment"] = f"{comment} (bytes, base64)" if isinstance(comment, str) and comment else _BASE64
+    return StructField(column.name, wire_type(column.dataType), column.nullable, metadata)
 
 
 def _root_names(info: OwnerFieldInfo, taken: dict[str, str]) -> tuple[str, str]:
@@ -64,7 +106,9 @@ def owner_root_fields(
     for info in fields:
         single, many = _root_names(info, taken)
         about = info.description or f"Computed on the node owning the key of store {info.store}."
-        value = values.of(info.value_type, pascal_case(info.name), f"A value of owner-side field {info.name}.")
+        value = values.of(
+            wire_type(info.value_type), pascal_case(info.name), f"A value of owner-side field {info.name}."
+        )
         made += _fields(info, single, many, about, value.nullable(), limits)
     return made
 

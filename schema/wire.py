@@ -15,8 +15,10 @@ module: the peer client (``app.peers``) and the internal fields.
                     "next": cursor | null} | {"error": …}}, "positions": …, "lags": …}
     count answer   {"counts": {"<p>": n | {"error": …}}, "positions": …, "lags": …}
     _call keys     [[key, [partition, …]], …]  (an owner-side field's keys: app.owner_fields)
-    _call answer   {"results": [[value] | {"error": …}, …], "positions": …, "lags": …}  (a value is
-                   boxed: a struct value {"error": …} is not mistaken for an error)
+    _call answer   {"results": [[found, value] | {"error": …, "found": found} | {"error": …}, …],
+                   "positions": …, "lags": …}  (a value is boxed: a struct value {"error": …} is not
+                   mistaken for an error; found: the routing store holds the key in the partitions read —
+                   an error without it is the replica's, e.g. a partition not ready)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from iqgraph.schema.errors import INTERNAL, ApiError, api_error
 from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, PipelineInfo, Read
@@ -221,15 +223,38 @@ def decode_calls(data: Any) -> list[tuple[Any, tuple[int, ...]]]:
     return calls
 
 
+class Owned(NamedTuple):
+    """An owner's answer for one key of an owner-side field: its value (or the key's own error, e.g. INTERNAL,
+    TIMEOUT) and whether the routing store holds the key in the partitions the owner read (``found``: with
+    two candidate partitions, the caller keeps the answer of the one holding the key)."""
+
+    found: bool
+    value: Any
+
+
 def encode_call_answer(answer: Answer[list[Any]]) -> dict[str, Any]:
-    """Return a _call answer as JSON: each result boxed ([value]) or its error."""
-    results = [encode_error(r) if isinstance(r, Exception) else [r] for r in answer.value]
+    """Return a _call answer as JSON: [found, value], a key's own error with found, or a replica's error."""
+    results: list[Any] = []
+    for r in answer.value:
+        if not isinstance(r, Owned):
+            results.append(encode_error(r) if isinstance(r, Exception) else [False, r])
+        elif isinstance(r.value, Exception):
+            results.append({**encode_error(r.value), "found": r.found})
+        else:
+            results.append([r.found, r.value])
     return {"results": results, **_marks(answer)}
 
 
 def decode_call_answer(data: Mapping[str, Any]) -> Answer[list[Any]]:
-    """Return a peer's _call answer: per key its value, or an ApiError."""
-    results = [decode_error(r["error"]) if _is_error(r) else r[0] for r in data["results"]]
+    """Return a peer's _call answer: per key an Owned (value or the key's error), or the replica's ApiError."""
+    results: list[Any] = []
+    for r in data["results"]:
+        if not isinstance(r, dict):  # a value is boxed in a list: any object is an error
+            results.append(Owned(bool(r[0]), r[1]))
+        elif "found" in r:
+            results.append(Owned(bool(r["found"]), decode_error(r["error"])))
+        else:
+            results.append(decode_error(r["error"]))
     return Answer(results, *_read_marks(data))
 
 

@@ -15,7 +15,15 @@ function runs on the node serving the key's partition, with read-only views of t
 (``app.owner_views``). ``returns`` is a Spark DDL type string (``"double"``, ``"struct<…>"``: see
 ``streaming.ddl``) or a pyspark DataType; without it, the function's Python return annotation (``str``,
 ``int`` → bigint, ``float`` → double, ``bool``, ``bytes``, ``datetime``, ``date``, ``Decimal``,
-``list[T]``, ``dict[str, T]``, ``T | None``). ``timeout_s`` bounds one key's run (TIMEOUT after it).
+``list[T]``, ``dict[str, T]``, ``T | None``). ``timeout_s`` bounds one key's run, and its wait for a free
+worker (TIMEOUT after it); at most ``app.peers.OWNER_FIELD_MAX_TIMEOUT_S`` (4 s), so that a peer answers
+TIMEOUT well within the peer client's timeout (5 s) rather than look down.
+
+"Read-only" is a promise of the API, not a sandbox: the views have read methods only and keep no
+partition's stores or database handle where a plain (or single-underscore) attribute reaches it, so a
+function written against the API cannot write; but it runs in the node's process, and Python code that
+digs into dunder internals (a bound method's ``__self__``, a closure's cells) can reach the live stores and
+write outside the sink's batches. Owner-side fields are the app's own trusted code.
 
 Everything checkable is checked when the app loads, each failure one DefinitionError line: a type that is
 missing or does not parse, a function that cannot take ``(key, views)`` or is a coroutine, a store to
@@ -36,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from iqgraph.stores import StoreKind
 from iqgraph.streaming.definitions import DefinitionError
 
 if TYPE_CHECKING:
@@ -76,9 +85,12 @@ class OwnerField:
             raise DefinitionError(f"owner-side field name {self.name!r}: use a letter then letters, digits or '_'")
         _check_function(self.name, self.function)
         object.__setattr__(self, "value_type", _value_type(self.name, self.returns, self.function))
-        if not self.timeout_s > 0:
+        from iqgraph.app.peers import OWNER_FIELD_MAX_TIMEOUT_S, PEER_TIMEOUT_S  # the peers' limit
+
+        if not 0 < self.timeout_s <= OWNER_FIELD_MAX_TIMEOUT_S:
             raise DefinitionError(
-                f"owner-side field {self.name!r}: timeout_s must be > 0 seconds, not {self.timeout_s}"
+                f"owner-side field {self.name!r}: timeout_s must be > 0 and <= {OWNER_FIELD_MAX_TIMEOUT_S:g} seconds "
+                f"(a peer's answer must beat the peer timeout of {PEER_TIMEOUT_S:g} s), not {self.timeout_s}"
             )
 
     def __call__(self, key: Any, views: Any) -> Any:
@@ -204,6 +216,11 @@ def _check_store(app: App, owner: OwnerField) -> None:
         raise DefinitionError(
             f"owner-side field {owner.name!r} routes by store {store.name!r}, keyed by column {store.key!r}: its keys "
             "are in every partition, with no one owner; route by a store keyed by the record key"
+        )
+    if store.kind is StoreKind.RANKING:
+        raise DefinitionError(
+            f"owner-side field {owner.name!r} routes by ranking {store.name!r}, keyed by group: route by the "
+            "key-value, window or bloom store whose keys the function takes"
         )
     if app.topic(store.topic).global_table:
         raise DefinitionError(
