@@ -20,7 +20,7 @@ read in one call and its views merge them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from iqgraph.app import routing
@@ -54,7 +54,7 @@ def _replica_error(value: Any, codes: frozenset[str]) -> Exception | None:
 def _per_batch(
     batches: Sequence[int],
     members: Sequence[Sequence[int]],
-    reads: dict[int, Sequence[int]],
+    reads: Mapping[int, Sequence[int]],
     values: Sequence[Any],
     codes: frozenset[str],
 ) -> dict[int, Any]:

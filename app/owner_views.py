@@ -65,18 +65,18 @@ class _View:
         self._combine = combiner(definition)
         self._encode = codec.encode
 
-    @classmethod
-    def read_methods(cls, definition: StoreDefinition, partitions: Sequence[PartitionStores]) -> ReadMethods:
-        """Return the read methods this kind of view keeps, per partition (bound to that partition's store)."""
-        stores = [_store(definition, s) for s in partitions]
-        return {name: tuple(getattr(store, name) for store in stores) for name in cls._METHODS}
-
     def _merged(self, read: Callable[[Callable[..., Any]], list[Any]], method: str) -> list[Any]:
         merged: list[Any] | None = None
         for partition_read in self._reads[method]:
             values = read(partition_read)
             merged = values if merged is None else [self._combine(a, b) for a, b in zip(merged, values, strict=True)]
         return merged or []
+
+
+def _read_methods(cls: type[_View], definition: StoreDefinition, partitions: Sequence[PartitionStores]) -> ReadMethods:
+    """Return the read methods a kind of view keeps, per partition (bound to that partition's store)."""
+    stores = [_store(definition, s) for s in partitions]
+    return {name: tuple(getattr(store, name) for store in stores) for name in cls._METHODS}
 
 
 def _store(definition: StoreDefinition, stores: PartitionStores) -> Any:
@@ -139,7 +139,7 @@ class WindowView(_View):
         for read in self._reads["fetch"]:
             found = read(key, lo, hi, states=True)
             windows = found if windows is None else self._combine(windows, found)
-        return _finalized(self._definition, windows or [])  # type: ignore[no-any-return]
+        return _finalized(self._definition, windows or [])
 
 
 class BloomView(_View):
@@ -199,7 +199,7 @@ def _opener(
         definition = definition_of(app, store, kind)
         # the partitions' own checks: not hosted -> STORE_MIGRATED, not queryable -> STORE_NOT_READY
         hosted = [local._hosted(definition, p) for p in _partitions_of(local, routing, partitions, definition)]
-        return cls(definition, cls.read_methods(definition, hosted), key_codec(app, definition))
+        return cls(definition, _read_methods(cls, definition, hosted), key_codec(app, definition))
 
     return open_view
 

@@ -64,8 +64,34 @@ def vandal(key: str, views: Any) -> int:
     return 0
 
 
+@owner_field("order_count", returns="bigint")
+def digger(key: str, views: Any) -> int:
+    from iqgraph.stores.codecs import encode_value
+
+    stores = views.kv("order_count")._partitions[0]  # the live stores the views once kept
+    stores.db.family("order_count")[key.encode()] = encode_value(1_000_000)
+    return 0
+
+
+@owner_field("order_count", returns="double")
+def infinite(key: str, views: Any) -> float:
+    return float("inf") if key == "customer-01" else float("nan")
+
+
+@owner_field("order_count", returns="struct<orders: bigint>")
+def mistyped(key: str, views: Any) -> Any:
+    return {"orders": "many"} if key == "customer-01" else {"orders": 1, "extra": 2}
+
+
+@owner_field("order_count", returns="struct<raw: binary, parts: array<binary>>")
+def raw_bytes(key: str, views: Any) -> dict[str, Any]:
+    return {"raw": b"\xff\x00\xfe", "parts": [b"ok", bytearray(b"\x80")]}
+
+
 def _app() -> App:
-    return dataclasses.replace(market_app(), fields=[customer_summary, fragile, slow, vandal])
+    return dataclasses.replace(
+        market_app(), fields=[customer_summary, fragile, slow, vandal, digger, infinite, mistyped, raw_bytes]
+    )
 
 
 class OwnerApi:
@@ -213,6 +239,100 @@ async def test_views_are_read_only(api: OwnerApi) -> None:
     assert views is not None
 
 
+def _reachable(root: Any, depth: int = 6) -> list[tuple[str, Any]]:
+    """Return every object reachable from root through public or single-underscore names (no dunders)."""
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+
+    def walk(path: str, obj: Any, left: int) -> None:
+        if id(obj) in seen or left == 0 or isinstance(obj, str | int | float | bool | bytes | type(None)):
+            return
+        seen.add(id(obj))
+        found.append((path, obj))
+        if isinstance(obj, dict):
+            items: list[tuple[str, Any]] = [(f"[{k!r}]", v) for k, v in obj.items()]
+        elif isinstance(obj, list | tuple | set | frozenset):
+            items = [(f"[{i}]", v) for i, v in enumerate(obj)]
+        else:
+            names = [n for n in dir(obj) if not n.startswith("__")]
+            items = []
+            for name in names:
+                try:
+                    items.append((f".{name}", getattr(obj, name)))
+                except Exception:  # noqa: BLE001, S112 - a property that cannot be read here reaches nothing
+                    continue
+        for label, value in items:
+            walk(path + label, value, left - 1)
+
+    walk("views", root, depth)
+    return found
+
+
+async def test_views_keep_no_store_where_a_plain_or_private_name_reaches_it(api: OwnerApi) -> None:
+    from iqgraph.app.local_partitions import LocalPartitions
+    from iqgraph.app.owner_views import StoreViews
+    from iqgraph.stores import PartitionStores
+    from iqgraph.streaming.partitioner import partition_for
+
+    before = (await api.run('{ orderCount { get(key: "customer-01") } }')).data
+    result = await api.run('{ digger(key: "customer-01") }')  # the reviewer's write through view._partitions
+    assert result.errors is not None and result.errors[0].formatted["extensions"]["code"] == "INTERNAL"
+    assert (await api.run('{ orderCount { get(key: "customer-01") } }')).data == before
+    local = api.queries.local
+    partition = partition_for("customer-01", PARTITIONS, "string", "murmur2")
+    views = StoreViews(local, local.app.store("order_count"), (partition,))
+    for view in (
+        views.kv("order_count"),
+        views.window("orders_per_minute"),
+        views.bloom("ordered"),
+        views.kv("customers"),
+    ):
+        assert view is not None
+    for path, obj in _reachable(views):
+        assert not isinstance(obj, PartitionStores | LocalPartitions), path
+        assert type(obj).__module__.split(".")[-1] not in ("partition", "rocksdict"), path
+
+
+async def test_nan_infinities_and_values_of_another_type_are_internal_on_the_owner_and_logged(
+    api: OwnerApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner_fields"):
+        for field, selection in (("infinite", ""), ("mistyped", " { orders }")):
+            query = f'{{ {field}Many(keys: ["customer-01", "customer-02"]){selection} }}'
+            result = await api.run(query)
+            assert result.data == {f"{field}Many": [None, None]}
+            assert result.errors is not None
+            assert [e.formatted["extensions"]["code"] for e in result.errors] == ["INTERNAL", "INTERNAL"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("infinite" in m and "'customer-01'" in m and "inf is not a finite number" in m for m in messages)
+    assert any("infinite" in m and "'customer-02'" in m and "nan is not a finite number" in m for m in messages)
+    assert any("mistyped" in m and "'customer-01'" in m and "'many' is not a integer" in m for m in messages)
+    assert any("mistyped" in m and "'customer-02'" in m and "['extra']" in m for m in messages)
+
+
+async def test_binary_values_are_base64_whatever_their_bytes(api: OwnerApi) -> None:
+    import base64
+
+    result = await api.run('{ rawBytes(key: "customer-01") { raw parts } }')
+    assert result.errors is None
+    assert result.data == {
+        "rawBytes": {
+            "raw": base64.b64encode(b"\xff\x00\xfe").decode(),
+            "parts": [base64.b64encode(b"ok").decode(), base64.b64encode(b"\x80").decode()],
+        }
+    }
+    sdl = api.schema.as_str()
+    raw = sdl[sdl.index("type RawBytes {") :].split("}")[0]
+    assert "raw: String" in raw and "parts: [String]" in raw and "base64" in raw
+
+
+def test_call_is_an_internal_field() -> None:
+    from iqgraph.schema.internal import INTERNAL_FIELDS
+    from iqgraph.schema.owner_fields import CALL_FIELD
+
+    assert CALL_FIELD in INTERNAL_FIELDS
+
+
 async def test_invalid_keys_and_limits_are_coded(api: OwnerApi) -> None:
     result = await api.run('{ fragile(key: "") }')
     assert result.errors is not None and result.errors[0].formatted["extensions"]["code"] == "INVALID_KEY"
@@ -252,8 +372,8 @@ async def test_a_peer_answers_call_from_its_own_partitions_in_the_wire_format(ap
     result = await api.schema.execute(wire.CALL, variable_values=variables, context_value=forwarded)
     assert result.errors is None and result.data is not None
     answer = wire.decode_call_answer(result.data["_call"])
-    assert answer.value[0].startswith("customer-01: ")
-    assert answer.value[1].code == "INTERNAL"
+    assert answer.value[0].found and answer.value[0].value.startswith("customer-01: ")
+    assert answer.value[1].found and answer.value[1].value.code == "INTERNAL"
     assert sorted(answer.positions) == sorted({p for _, (p,) in calls})
     # a client (not a peer) may not call it
     client = context_getter(api.queries, api.limits)()
@@ -266,8 +386,14 @@ def test_a_boxed_value_shaped_like_an_error_is_a_value() -> None:
     from iqgraph.schema.errors import ApiError
     from iqgraph.schema.types import Answer
 
-    encoded = wire.encode_call_answer(Answer([{"error": "a struct's column"}, ApiError("no", "TIMEOUT")], {0: 5}))
-    decoded = wire.decode_call_answer(encoded)
-    assert decoded.value[0] == {"error": "a struct's column"}
-    assert isinstance(decoded.value[1], ApiError) and decoded.value[1].code == "TIMEOUT"
+    values = [
+        wire.Owned(True, {"error": "a struct's column"}),
+        wire.Owned(False, ApiError("no", "TIMEOUT")),
+        ApiError("moved", "STORE_MIGRATED"),
+    ]
+    decoded = wire.decode_call_answer(wire.encode_call_answer(Answer(values, {0: 5})))
+    assert decoded.value[0] == wire.Owned(True, {"error": "a struct's column"})
+    found, error = decoded.value[1]
+    assert not found and isinstance(error, ApiError) and error.code == "TIMEOUT"
+    assert isinstance(decoded.value[2], ApiError) and decoded.value[2].code == "STORE_MIGRATED"  # the replica's
     assert decoded.positions == {0: 5}

@@ -122,6 +122,10 @@ def test_a_field_is_typed_by_its_ddl_its_datatype_or_its_annotation() -> None:
         ),
         (lambda: OwnerField("genre", "not a function", "string", "plays_per_user"), "function must be callable"),
         (lambda: OwnerField("genre", _genre, "string", "plays_per_user", timeout_s=0), "timeout_s must be > 0"),
+        (  # the peer client waits 5 s for a peer: a field must answer TIMEOUT before (app.peers)
+            lambda: OwnerField("genre", _genre, "string", "plays_per_user", timeout_s=4.5),
+            r"timeout_s must be > 0 and <= 4 seconds \(a peer's answer must beat the peer timeout of 5 s\), not 4.5",
+        ),
         (lambda: OwnerField("2genre", _genre, "string", "plays_per_user"), "owner-side field name '2genre'"),
     ],
 )
@@ -169,3 +173,21 @@ def test_two_fields_may_not_share_a_name() -> None:
         _app(*[OwnerField("genre", _genre, "string", "plays_per_user")] * 2)
     with pytest.raises(DefinitionError, match="takes owner_field"):
         _app(_genre)
+
+
+def test_the_timeout_limit_leaves_the_peer_round_trip_room() -> None:
+    from iqgraph.app.peers import OWNER_FIELD_MAX_TIMEOUT_S, PEER_TIMEOUT_S, PeerClient
+
+    assert OWNER_FIELD_MAX_TIMEOUT_S <= PEER_TIMEOUT_S - 1.0
+    assert PeerClient("node-0").timeout.read == PEER_TIMEOUT_S
+    assert OwnerField("genre", _genre, "string", "plays_per_user", timeout_s=OWNER_FIELD_MAX_TIMEOUT_S).timeout_s == 4.0
+
+
+def test_a_ranking_is_no_store_to_route_by() -> None:
+    from iqgraph.streaming.definitions import ranking_store
+
+    plays = key_value_store("plays_per_user", "plays", count())
+    base = _app()
+    stores = [*base.stores, ranking_store("top_users", plays, group="genre")]
+    with pytest.raises(DefinitionError, match="routes by ranking 'top_users', keyed by group"):
+        _app(OwnerField("genre", _genre, "string", "top_users"), stores=stores)
