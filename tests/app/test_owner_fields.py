@@ -76,7 +76,7 @@ def _app() -> App:
     fields = [
         OwnerField("stuck", _stuck, "double", "order_count", timeout_s=0.1),
         OwnerField("by_item", _by_item, "double", "order_count"),
-        OwnerField("fast", _fast, "double", "order_count", timeout_s=0.1),
+        OwnerField("fast", _fast, "double", "order_count", timeout_s=0.5),
         OwnerField("orders", _orders, "bigint", "order_count"),
         OwnerField("ratio", _ratio, "double", "order_count"),
     ]
@@ -135,14 +135,14 @@ async def test_a_stuck_worker_is_replaced_so_the_next_call_runs_at_once(local: L
     try:
         started = time.monotonic()
         stuck = await asyncio.wait_for(runner.call("stuck", [_call(f"customer-0{i}") for i in range(1, 5)]), 5)
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 3.0  # (0.1 s and the scheduling of a loaded machine)
         for owned in stuck.value:
             assert owned.found and owned.value.code == "TIMEOUT" and "ran longer than 0.1 s" in owned.value.message
         assert runner.stuck_threads == 4
         started = time.monotonic()
         fast = await asyncio.wait_for(runner.call("fast", [_call("customer-01")]), 5)
         assert fast.value == [Owned(True, 2.0)]
-        assert time.monotonic() - started < 0.1  # not queued behind the stuck ones: they were replaced
+        assert time.monotonic() - started < 0.5  # not queued behind the stuck ones (10 s before): replaced
         workers = [t for t in threading.enumerate() if t.name.startswith("iqgraph-owner-field")]
         assert len(workers) == 8 and all(t.daemon for t in workers)  # 4 stuck, 4 taking calls
     finally:
@@ -167,8 +167,8 @@ async def test_the_wait_for_a_free_worker_is_bounded_by_the_fields_timeout(local
         waited = await asyncio.wait_for(runner.call("fast", [_call("customer-02")]), 5)
         elapsed = time.monotonic() - started
         [owned] = waited.value
-        assert owned.value.code == "TIMEOUT" and "waited 0.1 s for a free worker" in owned.value.message
-        assert 0.09 <= elapsed < 0.5  # its own timeout_s, not a fixed queue timeout
+        assert owned.value.code == "TIMEOUT" and "waited 0.5 s for a free worker" in owned.value.message
+        assert 0.45 <= elapsed < 2.0  # its own timeout_s, not a fixed queue timeout (10 s)
     finally:
         RELEASE.set()
         await blocking
@@ -187,7 +187,7 @@ async def test_past_the_stuck_threads_cap_calls_answer_timeout_at_once_and_log(
         started = time.monotonic()
         with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner_fields"):
             refused = await runner.call("fast", [_call("customer-03")])
-        assert time.monotonic() - started < 0.05
+        assert time.monotonic() - started < 0.4  # at once, not after its timeout_s
         [owned] = refused.value
         assert owned.value.code == "TIMEOUT" and "2 worker threads are stuck" in owned.value.message
         assert any("fast" in r.getMessage() and "stuck" in r.getMessage() for r in caplog.records)
