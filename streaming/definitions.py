@@ -547,6 +547,12 @@ class App:
                 raise DefinitionError(
                     f"entity {entity.name!r} composes {unknown[0]!r}, which is not a store of the app"
                 )
+            rankings = [name for name in entity.stores if stores[name].kind is StoreKind.RANKING]
+            if rankings:
+                raise DefinitionError(
+                    f"entity {entity.name!r} composes {rankings[0]!r}, a ranking: it keeps no value per key "
+                    f"(compose the store it ranks, {stores[rankings[0]].ranks!r})"
+                )
             types = {name: stores[name].resolved_key_type(self.topic(stores[name].topic)) for name in entity.stores}
             if len(set(types.values())) > 1:
                 raise DefinitionError(f"entity {entity.name!r}: its stores must share a key type, got {types}")

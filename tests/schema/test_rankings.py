@@ -21,6 +21,7 @@ from iqgraph.stores import IndexEntry, Page, PartitionState
 from iqgraph.streaming.definitions import (
     App,
     DefinitionError,
+    Entity,
     Topic,
     count,
     key_value_store,
@@ -258,12 +259,17 @@ def test_rankings_that_cannot_be_kept_fail_at_load_with_one_line() -> None:
     topic = Topic(TOPIC, schema="genre STRING, seconds LONG, user STRING")
     by_user = key_value_store("by_user", TOPIC, count(), key="user")
     records = key_value_store("records", TOPIC, latest("genre"))
+    plays_ = key_value_store("plays", TOPIC, count())
     with pytest.raises(DefinitionError, match="keyed by column 'user'.*keyed by the record key"):
         App("bad", [topic], [by_user, ranking_store("top", by_user)])
     with pytest.raises(DefinitionError, match="whose values are records"):
         App("bad", [topic], [records, ranking_store("top", records)])
     with pytest.raises(DefinitionError, match="add that key-value store to the app"):
         App("bad", [topic], [ranking_store("top", records)])
+    with pytest.raises(DefinitionError, match="entity 'Song' composes 'top', a ranking.*compose the store it ranks"):
+        App(
+            "bad", [topic], [records, by_user, plays_, ranking_store("top", plays_)], entities=[Entity("Song", ["top"])]
+        )
     with pytest.raises(DefinitionError, match="takes the store definition"):
         ranking_store("top", "records")  # type: ignore[arg-type]
 
