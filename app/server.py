@@ -27,8 +27,8 @@ from iqgraph.app.metrics import scrape, tracing_extensions
 from iqgraph.app.node import Node, NodeStartError
 from iqgraph.app.rest import rest_routes
 from iqgraph.app.routing import store_key_partitions
-from iqgraph.app.settings import LIMITS, Settings
-from iqgraph.schema.asgi import FORWARDED_HEADER, CancelOnDisconnect
+from iqgraph.app.settings import Settings
+from iqgraph.schema.asgi import FORWARDED_HEADER
 from iqgraph.schema.graphiql import graphiql_mount
 from iqgraph.schema.types import PartitionInfo, PipelineInfo
 
@@ -56,7 +56,7 @@ def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Starlett
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    counted = ForwardCounter(CancelOnDisconnect(graphql), node.metrics.forwarded_received)
+    counted = ForwardCounter(graphql, node.metrics.forwarded_received)
 
     async def metrics(_: Request) -> Response:
         # in a thread: the partition gauges ask Kafka for the end offsets
@@ -148,10 +148,7 @@ def graphql_app(node: Node) -> Any:
     assert node.queries is not None and node.local is not None  # noqa: S101 - started before serving
     settings = node.settings
     limits = Limits(
-        max_keys=settings.max_keys,
-        max_page_size=settings.max_page_size,
-        default_page_size=settings.default_page_size,
-        **{name: getattr(settings, name) for name in LIMITS},
+        max_keys=settings.max_keys, max_page_size=settings.max_page_size, default_page_size=settings.default_page_size
     )
     schema = build_schema(
         node.queries.stores(),
@@ -180,12 +177,7 @@ def serve(settings: Settings, app: App) -> int:
     try:
         asgi = build_asgi(node, graphql_app(node), raw_endpoint=settings.raw_endpoint)
         print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)
-        config = uvicorn.Config(
-            asgi,
-            log_level="warning",
-            timeout_graceful_shutdown=10,
-            h11_max_incomplete_event_size=settings.max_header_bytes,  # with h11; GraphQLApp checks them too
-        )
+        config = uvicorn.Config(asgi, log_level="warning", timeout_graceful_shutdown=10)
         gc.collect()
         gc.freeze()  # what start-up made lives as long as the node: keep it out of the collector's full passes
         run_until_signalled(uvicorn.Server(config), listener)

@@ -23,10 +23,6 @@ CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
 MAPPINGS = {"kafka": "librdkafka settings", "spark_conf": "Spark settings"}
 
 
-#: The request limits (schema.limits.Limits) a node takes from its settings, beside max_keys and the page sizes.
-LIMITS = ("max_aliases", "max_depth", "max_tokens", "max_body_bytes", "max_header_bytes", "request_timeout_ms")
-
-
 class SettingsError(ValueError):
     """Settings that cannot be used; the message says which one and how to fix it."""
 
@@ -49,12 +45,6 @@ class Settings:
     max_keys: int = 1_000
     max_page_size: int = 1_000
     default_page_size: int = 100
-    max_aliases: int = 100  # aliased fields in one document
-    max_depth: int = 20  # nested selections of one operation
-    max_tokens: int = 20_000  # tokens of one GraphQL document
-    max_body_bytes: int = 4 << 20  # a request body (4 MiB)
-    max_header_bytes: int = 32 << 10  # a request's headers and query string (32 KiB)
-    request_timeout_ms: int = 30_000  # a request's deadline
     not_ready_deadline_ms: int = 2_000
     raw_endpoint: bool = False
     compiled: bool = True  # queries a compiled plan covers skip graphql-core's executor (IQGRAPH_COMPILED=false: off)
@@ -77,14 +67,7 @@ class Settings:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise SettingsError(f"port {self.port} is out of range; use 1-65535 (--port / {ENV_PREFIX}PORT)")
-        positive = (
-            "max_records_per_batch",
-            "max_keys",
-            "max_page_size",
-            "default_page_size",
-            "shuffle_partitions",
-            *LIMITS,
-        )
+        positive = ("max_records_per_batch", "max_keys", "max_page_size", "default_page_size", "shuffle_partitions")
         for name in (*positive, "stall_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive (--{name.replace('_', '-')})")

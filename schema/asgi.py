@@ -5,16 +5,10 @@ follow the GraphQL over HTTP spec (``schema.http_spec`` holds its rules and the 
 type is negotiated from Accept, a request is parsed and checked here rather than by Strawberry, and a
 refused one gets its HTTP status and a GraphQL-shaped error (code BAD_REQUEST unless a GraphQL one),
 never Strawberry's plain text.
-
-Before either path runs, ``GraphQLApp`` checks the request's bytes against the limits (schema.limits):
-headers and query string, then the body, read only up to the limit; and the whole request runs under
-its deadline. ``CancelOnDisconnect`` (the server wraps the app in it) cancels the work of a request whose
-client went away.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -220,7 +214,7 @@ class GraphQLApp(GraphQL[Context, None]):
             return None
         started = time.perf_counter()
         variables = data.variables or {}
-        answered = answer_lookups(self._local, fields, variables, self._limits)
+        answered = answer_lookups(self._local, fields, variables)
         if answered is None:
             return None
         if metrics is not None:
@@ -234,88 +228,11 @@ class GraphQLApp(GraphQL[Context, None]):
             return
         response: Response | None
         request = Request(scope=scope, receive=receive)
-        limits = self._limits
         try:
-            try:
-                async with asyncio.timeout(limits.request_timeout_ms / 1000):
-                    response = await self._answer(request, limits)
-            except TimeoutError:
-                raise http_spec.timed_out(limits.request_timeout_ms) from None
+            response = await self.compiled_response(request) if self.compiled else None
+            if response is None:
+                response = await self.run(request)
         except HTTPException as exc:
             body, headers = http_spec.refusal(exc)
             response = Response(self.encode_json(body), exc.status_code, headers=headers)
         await response(scope, receive, send)
-
-    async def _answer(self, request: Request, limits: Limits) -> Response:
-        """Return the response of one request within the byte limits, on the lean path or Strawberry's."""
-        scope = request.scope
-        http_spec.check_headers([*scope["headers"], (b"", scope.get("query_string", b""))], limits.max_header_bytes)
-        if request.method == "POST":  # read once, up to the limit: both paths then read request.body()
-            body = request.stream()
-            request._body = await http_spec.read_body(
-                body, request.headers.get("content-length"), limits.max_body_bytes
-            )
-        response = await self.compiled_response(request) if self.compiled else None
-        return response if response is not None else await self.run(request)
-
-
-#: A request still running this long after its body was read starts listening for its client's disconnect:
-#: quicker ones (nearly all) pay no watcher task.
-WATCH_AFTER_S = 0.2
-
-
-class CancelOnDisconnect:
-    """ASGI wrapper cancelling the work of an HTTP request whose client goes away before its answer.
-
-    Once the app has read the request's body and still runs ``WATCH_AFTER_S`` later, a watcher task listens
-    for ``http.disconnect`` (the app no longer reads: a later ``receive`` of the app's waits for the same
-    disconnect); when it comes, the request's own task is cancelled — its reads, its peers' sub-requests —
-    and nothing is sent. The app runs in the request's task; a quick request costs one timer, no task.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve one connection, cancelling its work if the client disconnects first."""
-        task = asyncio.current_task()
-        if scope["type"] != "http" or task is None:
-            await self.app(scope, receive, send)
-            return
-        gone = asyncio.Event()
-        read = asyncio.Event()  # the body is read: only a disconnect can come
-        watcher: list[asyncio.Task[None]] = []
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-            task.cancel()
-
-        async def app_receive() -> Any:
-            if read.is_set():
-                await gone.wait()
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                gone.set()
-            elif not message.get("more_body", False):
-                read.set()
-                timers.append(asyncio.get_running_loop().call_later(WATCH_AFTER_S, start))
-            return message
-
-        def start() -> None:
-            watcher.append(asyncio.ensure_future(watch()))
-
-        timers: list[asyncio.TimerHandle] = []
-        try:
-            await self.app(scope, app_receive, send)
-        except asyncio.CancelledError:
-            if not gone.is_set():
-                raise  # this task itself was cancelled (the server stopping), not the client gone
-            task.uncancel()
-        finally:
-            for timer in timers:
-                timer.cancel()
-            for running in watcher:
-                running.cancel()

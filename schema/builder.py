@@ -57,7 +57,7 @@ from typing import Any
 
 import strawberry
 from graphql import GraphQLError
-from strawberry.extensions import AddValidationRules, MaxTokensLimiter, ParserCache, SchemaExtension, ValidationCache
+from strawberry.extensions import AddValidationRules, ParserCache, SchemaExtension, ValidationCache
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext, ExecutionResult
 
@@ -304,8 +304,7 @@ def build_schema(
     entities: key spaces whose stores compose into one type each (schema.entities), and the targets of the
     stores' relations (schema.relations). owner_fields: functions run on a key's owner (schema.owner_fields).
 
-    limits sets the documented defaults (page size) and the document limits (aliases, depth, tokens:
-    schema.limits); the request context (see
+    limits sets the documented defaults (page size) and the alias limit; the request context (see
     context_getter) enforces the rest, so give both the same Limits. The parser and validation
     caches keep the last cache_size distinct documents. With metrics, every request is counted and
     timed (schema.metrics); extensions (e.g. tracing) are added after the built-in ones. compiled: queries
@@ -325,12 +324,11 @@ def build_schema(
         *_owner_fields(owner_fields, settled, names, plans, entity_fields),
     ]
     query = object_type("Query", fields, description)
-    rules = settled.validation_rules()  # made once: the same classes for every request, so the caches hit
+    alias_rule = settled.alias_rule()  # one class for every request, so the validation cache hits
     installed: list[Callable[[], SchemaExtension]] = [
         ErrorCodes,
         ClusterReports,
-        lambda: MaxTokensLimiter(settled.max_tokens),  # before the parser cache: parsing stops at the limit
-        lambda: AddValidationRules([*rules]),
+        lambda: AddValidationRules([alias_rule]),
         lambda: ParserCache(maxsize=cache_size),
         lambda: ValidationCache(maxsize=cache_size),
         *extensions,
@@ -341,6 +339,6 @@ def build_schema(
     schema = IqGraphSchema(query=query, extensions=installed, config=StrawberryConfig(scalar_map=SCALARS))
     if compiled and not extensions:  # another extension would not see compiled requests
         roots = {*store_fields, *METADATA_FIELDS, *(f.name for f in entity_fields)}
-        schema.compiled = CompiledQueries(schema._schema, roots, rules, cache_size)
+        schema.compiled = CompiledQueries(schema._schema, roots, [alias_rule], cache_size)
         schema.request_metrics = None if metrics is None else RequestMetrics(metrics, store_fields, frozenset(plans))
     return schema

@@ -26,24 +26,19 @@ Status of a GraphQL response (``response_status``)
     error, 422 for the rest (validation, variable coercion, an operation that cannot be determined).
     A mutation or subscription over GET is 405 with ``Allow: POST``, decided from query and
     operationName before validation, as the spec's GET section says; another method is 405 too.
-
-Limits (``check_headers``, ``read_body``, ``timed_out``; schema.limits has their defaults)
-    headers over ``max_header_bytes``: 431; a body over ``max_body_bytes``: 413, refused from its
-    Content-Length or as soon as the bytes read pass the limit (never read whole first); both with code
-    LIMIT_EXCEEDED. A request past its deadline (``request_timeout_ms``): 504 with code TIMEOUT.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cross_web import HTTPException
 from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.types import ExecutionResult
 
-from iqgraph.schema.errors import BAD_REQUEST, GRAPHQL_PARSE_FAILED, INTERNAL, LIMIT_EXCEEDED, TIMEOUT
+from iqgraph.schema.errors import BAD_REQUEST, GRAPHQL_PARSE_FAILED, INTERNAL
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 JSON = "application/json"
@@ -120,34 +115,6 @@ def decode_body(body: bytes) -> object:
         return json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(400, "Unable to parse the request body as JSON") from exc
-
-
-def check_headers(headers: Iterable[tuple[bytes, bytes]], max_bytes: int) -> None:
-    """Raise 431 if the request's header names and values together exceed max_bytes."""
-    size = sum(len(name) + len(value) for name, value in headers)
-    if size > max_bytes:
-        raise RequestError(431, f"The request's headers are {size} bytes, at most {max_bytes} allowed", LIMIT_EXCEEDED)
-
-
-def _too_large(max_bytes: int) -> RequestError:
-    return RequestError(413, f"The request body exceeds {max_bytes} bytes", LIMIT_EXCEEDED)
-
-
-async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, max_bytes: int) -> bytes:
-    """Return a request body of at most max_bytes; 413 from its Content-Length or once more bytes came."""
-    if content_length is not None and content_length.strip().isdigit() and int(content_length) > max_bytes:
-        raise _too_large(max_bytes)
-    body = bytearray()
-    async for chunk in chunks:
-        body += chunk
-        if len(body) > max_bytes:
-            raise _too_large(max_bytes)
-    return bytes(body)
-
-
-def timed_out(timeout_ms: int) -> RequestError:
-    """Return the refusal of a request that went past its deadline."""
-    return RequestError(504, f"The request took longer than its deadline of {timeout_ms} ms", TIMEOUT)
 
 
 def query_params(params: Mapping[str, str | None]) -> dict[str, object]:
