@@ -51,6 +51,12 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-records-per-batch", type=int, help="records per micro-batch at most")
     parser.add_argument("--max-keys", type=int, help="keys per getMany at most (default 1000)")
     parser.add_argument("--max-page-size", type=int, help="page size at most (default 1000)")
+    parser.add_argument("--max-aliases", type=int, help="aliased fields per document at most (default 100)")
+    parser.add_argument("--max-depth", type=int, help="nested selections per operation at most (default 20)")
+    parser.add_argument("--max-tokens", type=int, help="tokens per GraphQL document at most (default 20000)")
+    parser.add_argument("--max-body-bytes", type=int, help="request body bytes at most (default 4 MiB)")
+    parser.add_argument("--max-header-bytes", type=int, help="request header bytes at most (default 32 KiB)")
+    parser.add_argument("--request-timeout-ms", type=int, help="a request's deadline (default 30000)")
     parser.add_argument("--membership", choices=["static", "kafka"], help="how nodes find each other (default static)")
     parser.add_argument("--peers", help="static membership: every node as id=URL (or URLs: node-0, node-1, …)")
     parser.add_argument("--standbys", type=int, help="standby copies of each partition on other nodes (default 0)")
@@ -72,6 +78,20 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="create the app's input topics if missing (off: production topics are provisioned)",
     )
+    security = parser.add_argument_group("security (docs/security.md; secrets: prefer the IQGRAPH_* variables)")
+    security.add_argument("--auth", help="client authentication: none (default), jwt, api-key or jwt,api-key")
+    security.add_argument("--jwt-jwks", help="RS256/ES256: the JWKS file or URL of the token issuer's keys")
+    security.add_argument("--jwt-issuer", help="the iss every token must have")
+    security.add_argument("--jwt-audience", help="the aud every token must have")
+    security.add_argument("--jwt-leeway-s", type=int, help="clock skew allowed on exp/nbf/iat (default 30)")
+    security.add_argument("--scope-claim", help="the claim with the caller's scopes read:<store> (default scope)")
+    security.add_argument("--api-keys", type=Path, help="TOML file of API keys: [keys.<name>] sha256, scopes")
+    security.add_argument(
+        "--introspection", choices=["true", "false"], help="whether the schema can be introspected (default true)"
+    )
+    security.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate chain (PEM)")
+    security.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
+    security.add_argument("--tls-ca", type=Path, help="CA bundle to verify peers' certificates (PEM)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -116,6 +117,7 @@ class DevRun:
         self.stop_feed = threading.Event()
         self.interrupted = threading.Event()  # Ctrl-C, SIGTERM or SIGHUP came: waits end at their next turn
         self.samples: list[tuple[str, Any, Any]] = []
+        self.cluster_secret = secrets.token_urlsafe(32)  # this dev cluster's nodes authenticate each other with it
 
     def say(self, message: str) -> None:
         """Print one step; a closed terminal or pipe (``| tee`` ended by the same Ctrl-C) must not stop a stop."""
@@ -239,7 +241,12 @@ class DevRun:
         with log.open("wb") as out:
             # its own session: the terminal's Ctrl-C reaches only this process, which stops the nodes in order
             process = subprocess.Popen(  # noqa: S603 - our own CLI
-                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=exit_with_parent
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=exit_with_parent,
+                env={**os.environ, "IQGRAPH_CLUSTER_SECRET": self.cluster_secret},  # peers sign with it
             )
         return NodeProcess(node_id, f"http://127.0.0.1:{port}", process, log)
 

@@ -8,6 +8,7 @@ set of down peers. A peer that does not answer is down until it answers again.
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 
 import httpx
@@ -23,9 +24,15 @@ class PeerHealth:
     """Poll every peer's /readyz; tell PeerStates (and a static membership) what is up and how."""
 
     def __init__(
-        self, membership: Membership, states: PeerStates, interval_s: float = 1.0, timeout_s: float = 2.0
+        self,
+        membership: Membership,
+        states: PeerStates,
+        interval_s: float = 1.0,
+        timeout_s: float = 2.0,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.membership = membership
+        self.verify = verify  # how peers' certificates are verified (app.tls.peer_verify)
         self.states = states
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -57,7 +64,7 @@ class PeerHealth:
         return frozenset(down)
 
     def _run(self) -> None:
-        with httpx.Client() as client:
+        with httpx.Client(verify=self.verify) as client:
             while not self._stop.is_set():
                 down = self.check(client)
                 if isinstance(self.membership, StaticMembership):

@@ -30,6 +30,7 @@ from iqgraph.app.peers import PeerClient
 from iqgraph.app.replicas import PeerStates
 from iqgraph.app.settings import Settings
 from iqgraph.app.supervisor import QuerySupervisor
+from iqgraph.app.tls import peer_verify
 from iqgraph.app.topic_watch import TopicWatch
 from iqgraph.app.topics import TopicCreationError, create_topics
 from iqgraph.stores import PartitionState, StateDirectory, StoreError
@@ -176,7 +177,7 @@ class Node:
             pipeline=self.supervisor.status,
             stall_timeout_s=self.settings.stall_timeout_s,
         )
-        self.peers = PeerClient(self.settings.node_id, observer=self.metrics)
+        self.peers = PeerClient(self.settings.node_id, observer=self.metrics, verify=peer_verify(self.settings))
         peer_states = PeerStates()
         self.queries = ClusterStoreQueries(
             self.app,
@@ -191,7 +192,7 @@ class Node:
         )
         self.membership.subscribe(self._on_new_map)
         if len(self.membership.current().members) > 1 or self.settings.membership == "kafka":
-            self.health = PeerHealth(self.membership, peer_states)
+            self.health = PeerHealth(self.membership, peer_states, verify=peer_verify(self.settings))
             self.health.start()
         self.state = NodeState.RUNNING
         self.supervisor.start()

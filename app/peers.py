@@ -14,6 +14,7 @@ and tells an optional PeerObserver (the node's metrics) of each request sent and
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -97,8 +98,10 @@ class PeerClient:
         connect_timeout_s: float = 1.0,
         max_connections: int = 64,
         observer: PeerObserver | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.node_id = node_id
+        self.verify = verify  # how peers' certificates are verified (app.tls.peer_verify)
         self.observer = observer
         self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
@@ -111,7 +114,9 @@ class PeerClient:
         loop = id(asyncio.get_running_loop())
         client = self._clients.get(loop)
         if client is None:
-            client = self._clients[loop] = httpx.AsyncClient(timeout=self.timeout, limits=self.limits)
+            client = self._clients[loop] = httpx.AsyncClient(
+                timeout=self.timeout, limits=self.limits, verify=self.verify
+            )
         return client
 
     async def query(self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None) -> Any:

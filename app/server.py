@@ -25,9 +25,11 @@ from starlette.routing import Route
 from iqgraph.app.merging import finalize
 from iqgraph.app.metrics import scrape, tracing_extensions
 from iqgraph.app.node import Node, NodeStartError
+from iqgraph.app.request_guard import RequestGuard
 from iqgraph.app.rest import rest_routes
 from iqgraph.app.routing import store_key_partitions
 from iqgraph.app.settings import Settings
+from iqgraph.app.tls import server_options
 from iqgraph.schema.asgi import FORWARDED_HEADER
 from iqgraph.schema.graphiql import graphiql_mount
 from iqgraph.schema.types import PartitionInfo, PipelineInfo
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Starlette:
+def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Any:
     """Return the ASGI app of a started node, serving graphql at /graphql."""
 
     async def healthz(_: Request) -> Response:
@@ -73,7 +75,7 @@ def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Starlett
         routes += rest_routes(node.queries)  # GET /stores/{store}/keys/{key}[/metadata] (app.rest)
     if raw_endpoint:
         routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
-    return Starlette(routes=routes)
+    return RequestGuard(Starlette(routes=routes), node.settings)
 
 
 class ForwardCounter:
@@ -177,7 +179,13 @@ def serve(settings: Settings, app: App) -> int:
     try:
         asgi = build_asgi(node, graphql_app(node), raw_endpoint=settings.raw_endpoint)
         print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)
-        config = uvicorn.Config(asgi, log_level="warning", timeout_graceful_shutdown=10)
+        config = uvicorn.Config(
+            asgi,
+            log_level="warning",
+            timeout_graceful_shutdown=10,
+            h11_max_incomplete_event_size=settings.max_header_bytes,  # with h11; RequestGuard checks them too
+            **server_options(settings),  # HTTPS (app.tls)
+        )
         gc.collect()
         gc.freeze()  # what start-up made lives as long as the node: keep it out of the collector's full passes
         run_until_signalled(uvicorn.Server(config), listener)

@@ -23,6 +23,10 @@ CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
 MAPPINGS = {"kafka": "librdkafka settings", "spark_conf": "Spark settings"}
 
 
+#: The request limits (schema.limits.Limits) a node takes from its settings, beside max_keys and the page sizes.
+LIMITS = ("max_aliases", "max_depth", "max_tokens", "max_body_bytes", "max_header_bytes", "request_timeout_ms")
+
+
 class SettingsError(ValueError):
     """Settings that cannot be used; the message says which one and how to fix it."""
 
@@ -45,6 +49,12 @@ class Settings:
     max_keys: int = 1_000
     max_page_size: int = 1_000
     default_page_size: int = 100
+    max_aliases: int = 100  # aliased fields in one document
+    max_depth: int = 20  # nested selections of one operation
+    max_tokens: int = 20_000  # tokens of one GraphQL document
+    max_body_bytes: int = 4 << 20  # a request body (4 MiB)
+    max_header_bytes: int = 32 << 10  # a request's headers and query string (32 KiB)
+    request_timeout_ms: int = 30_000  # a request's deadline
     not_ready_deadline_ms: int = 2_000
     raw_endpoint: bool = False
     compiled: bool = True  # queries a compiled plan covers skip graphql-core's executor (IQGRAPH_COMPILED=false: off)
@@ -56,18 +66,40 @@ class Settings:
     group_session_timeout_ms: int = 10_000  # kafka membership: Kafka refuses < 6000 by default
     tracing: bool = False  # OpenTelemetry spans per GraphQL request, if opentelemetry-sdk is installed
     create_topics: bool = False  # create missing input topics at start (production topics are provisioned)
+    # security (docs/security.md): client authentication, per-store authorization, peers, TLS
+    auth: str = "none"  # "none", or the methods clients may use: "jwt", "api-key" or "jwt,api-key"
+    jwt_secret: str | None = None  # HS256's shared secret (prefer IQGRAPH_JWT_SECRET to a flag)
+    jwt_jwks: str | None = None  # RS256/ES256: a JWKS file path or http(s) URL (cached, refreshed on unknown kid)
+    jwt_issuer: str | None = None  # the iss every token must have (required with jwt)
+    jwt_audience: str | None = None  # the aud every token must have (required with jwt)
+    jwt_leeway_s: int = 30  # clock skew allowed on exp, nbf and iat
+    scope_claim: str = "scope"  # the claim holding the caller's scopes: read:<store>, read:*
+    api_keys: Path | None = None  # TOML: [keys.<name>] sha256 = "<hex of the key's SHA-256>", scopes = [...]
+    introspection: bool = True  # false: the schema cannot be introspected (GraphiQL, codegen need it)
+    cluster_secret: str | None = None  # peers sign sub-requests with it (required with peers or kafka)
+    tls_cert: Path | None = None  # serve HTTPS with this certificate chain (PEM) ...
+    tls_key: Path | None = None  # ... and its private key (PEM)
+    tls_ca: Path | None = None  # verify peers' certificates against this CA bundle (PEM; default: system's)
     kafka: Mapping[str, str] = field(default_factory=dict)
     spark_conf: Mapping[str, str] = field(default_factory=dict)  # passed to the SparkSession (--spark-conf K=V)
 
     @property
     def url(self) -> str:
         """Return the URL peers and clients reach this node at."""
-        return self.advertised_url or f"http://{self.host}:{self.port}"
+        scheme = "http" if self.tls_cert is None else "https"
+        return self.advertised_url or f"{scheme}://{self.host}:{self.port}"
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise SettingsError(f"port {self.port} is out of range; use 1-65535 (--port / {ENV_PREFIX}PORT)")
-        positive = ("max_records_per_batch", "max_keys", "max_page_size", "default_page_size", "shuffle_partitions")
+        positive = (
+            "max_records_per_batch",
+            "max_keys",
+            "max_page_size",
+            "default_page_size",
+            "shuffle_partitions",
+            *LIMITS,
+        )
         for name in (*positive, "stall_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive (--{name.replace('_', '-')})")
@@ -77,6 +109,36 @@ class Settings:
             raise SettingsError("standbys and max_lag must not be negative (--standbys, --max-lag)")
         if self.default_page_size > self.max_page_size:
             raise SettingsError("default_page_size must not exceed max_page_size")
+        self._check_security()
+
+    @property
+    def auth_methods(self) -> frozenset[str]:
+        """Return the authentication methods clients may use (empty: authentication is off)."""
+        return frozenset() if self.auth == "none" else frozenset(m.strip() for m in self.auth.split(","))
+
+    def _check_security(self) -> None:
+        methods = self.auth_methods
+        if not methods <= {"jwt", "api-key"} or not methods and self.auth != "none":
+            raise SettingsError(f"auth must be 'none', 'jwt', 'api-key' or 'jwt,api-key', not {self.auth!r} (--auth)")
+        if "jwt" in methods:
+            if (self.jwt_secret is None) == (self.jwt_jwks is None):
+                raise SettingsError(
+                    "auth jwt needs one of jwt_secret (HS256) or jwt_jwks (RS256/ES256 keys): "
+                    f"set {ENV_PREFIX}JWT_SECRET or --jwt-jwks"
+                )
+            if not self.jwt_issuer or not self.jwt_audience:
+                raise SettingsError("auth jwt needs the tokens' issuer and audience: --jwt-issuer, --jwt-audience")
+        if "api-key" in methods and self.api_keys is None:
+            raise SettingsError("auth api-key needs a keys file: --api-keys FILE (docs/security.md)")
+        if self.jwt_leeway_s < 0:
+            raise SettingsError("jwt_leeway_s must not be negative (--jwt-leeway-s)")
+        if (self.peers is not None or self.membership == "kafka") and not self.cluster_secret:
+            raise SettingsError(
+                "a node with peers needs the cluster's shared secret to authenticate them: "
+                f"set {ENV_PREFIX}CLUSTER_SECRET (the same on every node)"
+            )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise SettingsError("TLS needs both a certificate and its key: --tls-cert and --tls-key")
 
 
 def _convert(name: str, raw: Any, kind: Any) -> Any:
@@ -95,6 +157,8 @@ def _convert(name: str, raw: Any, kind: Any) -> Any:
         return str(raw).lower() in ("1", "true", "yes")
     if kind in (Path, "Path"):
         return Path(str(raw))
+    if kind in ("Path | None",):
+        return None if raw in (None, "") else Path(str(raw))
     if name in MAPPINGS:
         if not isinstance(raw, Mapping):
             raise SettingsError(f"{name} must be a table of {MAPPINGS[name]}, e.g. [iqgraph.{name}]")

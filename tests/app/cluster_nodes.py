@@ -68,6 +68,10 @@ class NodeProcess:
             self.process.wait()
 
 
+#: The secret the test clusters' nodes authenticate each other with (app.peer_auth).
+CLUSTER_SECRET = "test-cluster-secret"  # noqa: S105 - a test cluster's
+
+
 def write_app_module(home: Path, name: str, topic: str, partitions: int, bootstrap: str) -> None:
     """Write a module `name` in home whose `app` is the shop example on topic."""
     (home / f"{name}.py").write_text(
@@ -88,7 +92,8 @@ def start_node(home: Path, module: str, node_id: str, port: int, flags: Sequence
         "--spark-master", "local[1]", "--driver-memory", "768m", *flags,
     ]  # fmt: skip
     process = subprocess.Popen(
-        command, cwd=home, env={**os.environ, "PYTHONPATH": str(home)}, stdout=log.open("w"),
+        command, cwd=home, env={**os.environ, "PYTHONPATH": str(home), "IQGRAPH_CLUSTER_SECRET": CLUSTER_SECRET},
+        stdout=log.open("w"),
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     return NodeProcess(node_id, f"http://127.0.0.1:{port}", process, log)
