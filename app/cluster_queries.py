@@ -34,6 +34,7 @@ from iqgraph.app.peers import PeerClient, PeerError, PeerUnavailableError
 from iqgraph.app.rankings import decode_rank_cursor, encode_rank_cursor, partition_positions
 from iqgraph.app.replicas import PeerStates
 from iqgraph.app.scatter import decode_positions, merge_pages, merged_page
+from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.schema.errors import (
     NODE_UNAVAILABLE,
     STALE_BEYOND_BOUND,
@@ -143,15 +144,15 @@ class ClusterStoreQueries:
         self.peer_states = peer_states or PeerStates()
         self.partitioner = partitioner or self._local_evidence
         self.reports = Reports()
-        self.authorization: str | None = None
+        self.principal = ANONYMOUS  # the caller: every store read is checked (schema.access.check_read)
         self._infos = [store_info(app, s, value_types[s.name]) for s in app.stores]
 
-    def bind(self, reports: Reports, authorization: str | None = None) -> ClusterStoreQueries:
-        """Return queries for one request: its reports, and the caller's Authorization for peers."""
+    def bind(self, reports: Reports, principal: Principal = ANONYMOUS) -> ClusterStoreQueries:
+        """Return queries for one request: its reports, and its caller (peers carry it, signed)."""
         bound = object.__new__(type(self))  # copy.copy, without its reduce protocol (once per request)
         bound.__dict__.update(self.__dict__)
         bound.reports = reports
-        bound.authorization = authorization
+        bound.principal = principal
         return bound
 
     # -- metadata ---------------------------------------------------------------------------------
@@ -169,7 +170,7 @@ class ClusterStoreQueries:
         cmap = self.membership.current()
         others = [m for m in cmap.members.values() if m.id != self.node_id]
         answers = await asyncio.gather(
-            *(self.peers.node(m.url, self.authorization) for m in others), return_exceptions=True
+            *(self.peers.node(m.url, self.principal) for m in others), return_exceptions=True
         )
         found = [self.local.node()]
         for member, answer in zip(others, answers, strict=True):
@@ -385,6 +386,7 @@ class ClusterStoreQueries:
         not per lookup: a batch's reads are served together (one replica set, one answer each), so a getMany
         of 1,000 keys over 6 partitions is 6 entries of bookkeeping, not 1,000.
         """
+        check_read(self.principal, store)
         definition = definition_of(self.app, store, kind)
         bound = self._bound(max_lag)
         results: list[Any] = [None] * len(requests)
@@ -406,7 +408,7 @@ class ClusterStoreQueries:
                 answer = self.local.read_states(store, reads)
             else:
                 assert self.peers is not None  # noqa: S101 - always set
-                answer = await self.peers.lookup(self._url(server.node), store, reads, windowed, self.authorization)
+                answer = await self.peers.lookup(self._url(server.node), store, reads, windowed, self.principal)
             return Answer(_per_batch(here, members, answer.value), answer.positions, answer.lags)
 
         needs = {b: list(where) for b, where in enumerate(batches)}
@@ -435,6 +437,7 @@ class ClusterStoreQueries:
         self, store: str, kind: StoreKind, scan: Scan, first: int, after: str | None, max_lag: int | None
     ) -> Page[Any]:
         """Return one merged page of a scan over every partition of the cluster, values finalized."""
+        check_read(self.principal, store)
         definition = definition_of(self.app, store, kind)
         bound = self._bound(max_lag)
         before = decode_positions(after)
@@ -451,7 +454,7 @@ class ClusterStoreQueries:
             if server.node == self.node_id:
                 return self.local.scan_pages(store, scan, resume, first, partitions)
             url = self._url(server.node)
-            return await self.peers.scan(url, store, scan, resume, first, partitions, windowed, self.authorization)
+            return await self.peers.scan(url, store, scan, resume, first, partitions, windowed, self.principal)
 
         found = await self._execute(definition, needs, bound, ask, None)
         fatal = [v for v in found.values() if isinstance(v, ApiError) and v.code not in AVAILABILITY_CODES]
@@ -509,6 +512,7 @@ class ClusterStoreQueries:
     # -- counts ---------------------------------------------------------------------------------------
 
     async def _count(self, store: str, exact: bool, max_lag: int | None) -> int:
+        check_read(self.principal, store)
         definition = definition_of(self.app, store)
         bound = self._bound(max_lag)
         needs = {p: [p] for p in range(self.app.topic(definition.topic).partitions)}
@@ -518,7 +522,7 @@ class ClusterStoreQueries:
             if server.node == self.node_id:
                 return self.local.count(store, partitions, exact)
             url = self._url(server.node)
-            return await self.peers.count(url, store, partitions, exact, self.authorization)
+            return await self.peers.count(url, store, partitions, exact, self.principal)
 
         found = await self._execute(definition, needs, bound, ask, None)
         errors = [v for v in found.values() if isinstance(v, Exception)]

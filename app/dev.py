@@ -32,6 +32,7 @@ from iqgraph.app.data_file import BadLine, read_records
 from iqgraph.app.example_query import INTROSPECTION, example_query, sample_keys, schema_from_introspection
 from iqgraph.app.loading import load_app
 from iqgraph.app.producer import ONE_RECORD_PER_REQUEST, produce_events, produce_records, producer_config
+from iqgraph.app.settings import SettingsError, load_settings
 from iqgraph.app.topics import create_topics
 from iqgraph.streaming.broker import EmbeddedBroker, exit_with_parent
 from iqgraph.streaming.definitions import App
@@ -137,6 +138,7 @@ class DevRun:
         self._wait_ready()
         for node in self.nodes:
             self.say(f"GraphiQL at {node.url}/graphql ({node.id})")
+        self.say(self._security())
         if self.feed is not None:
             self.feed.start()
         self._print_example()
@@ -265,6 +267,13 @@ class DevRun:
             if pending and time.monotonic() > deadline:
                 raise DevError(f"not ready after {READY_TIMEOUT_S:.0f} s: {[n.id for n in pending]}; see {self.root}")
             time.sleep(0.5)
+
+    def _security(self) -> str:
+        """Return whether the nodes require authentication (they read IQGRAPH_* settings from this environment)."""
+        try:
+            return load_settings({"app": self.options.app}).describe_security()
+        except SettingsError as exc:
+            return f"security settings: {exc}"
 
     def _print_example(self) -> None:
         try:

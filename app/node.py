@@ -177,7 +177,12 @@ class Node:
             pipeline=self.supervisor.status,
             stall_timeout_s=self.settings.stall_timeout_s,
         )
-        self.peers = PeerClient(self.settings.node_id, observer=self.metrics, verify=peer_verify(self.settings))
+        self.peers = PeerClient(
+            self.settings.node_id,
+            observer=self.metrics,
+            verify=peer_verify(self.settings),
+            secret=self.settings.cluster_secret,
+        )
         peer_states = PeerStates()
         self.queries = ClusterStoreQueries(
             self.app,

@@ -27,6 +27,7 @@ from iqgraph.app import routing
 from iqgraph.app.local_partitions import definition_of
 from iqgraph.app.owner_fields import owner_field_of
 from iqgraph.schema import wire
+from iqgraph.schema.access import check_read
 from iqgraph.schema.errors import PARTITIONER_MISMATCH, ApiError, api_error
 from iqgraph.schema.types import Answer
 from iqgraph.stores import Key
@@ -106,6 +107,7 @@ async def call_many(queries: ClusterStoreQueries, field: str, keys: Sequence[Key
 
     app = queries.app
     definition = definition_of(app, owner_field_of(app, field).store)
+    check_read(queries.principal, definition.name)
     bound = queries._bound(max_lag)
     results: list[Any] = [None] * len(keys)
     batches: dict[tuple[int, ...], list[int]] = {}
@@ -125,7 +127,7 @@ async def call_many(queries: ClusterStoreQueries, field: str, keys: Sequence[Key
             answer = await queries.local.call(field, calls)
         else:
             variables = {"field": field, "keys": wire.encode_calls(calls)}
-            data = await queries.peers.query(queries._url(server.node), wire.CALL, variables, queries.authorization)
+            data = await queries.peers.query(queries._url(server.node), wire.CALL, variables, queries.principal)
             answer = wire.decode_call_answer(data["_call"])
         value = _per_batch(here, members, group.reads, answer.value, FAILOVER_CODES)
         return Answer(value, answer.positions, answer.lags)

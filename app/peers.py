@@ -1,19 +1,22 @@
-"""The peer client: forwarded sub-requests to other nodes' GraphQL endpoints, over one httpx client.
+"""The peer client: forwarded sub-requests to other nodes' internal endpoints, over one httpx client.
 
 Each call is ONE GraphQL request to one peer (the documents and encodings are ``schema.wire``'s), except
-point reads: the lookups of every store sent to one peer (with one Authorization) within the same two turns
-of the event loop go out together as ONE request, each an aliased ``_lookup`` (``wire.lookups``): an entity
-of five stores, or one depth of relations, costs one sub-request per peer, not one per store. Each lookup
+point reads: the lookups of every store sent to one peer for one caller within the same two turns of the
+event loop go out together as ONE request, each an aliased ``_lookup`` (``wire.lookups``): an entity of
+five stores, or one depth of relations, costs one sub-request per peer, not one per store. Each lookup
 gets its own answer, or its own error.
-marked with the forwarded header (the peer answers from its own partitions only) and carrying the
-caller's Authorization header. Explicit timeouts and
-connection limits; keep-alive connections are reused across requests. Counts what it sends per peer,
-and tells an optional PeerObserver (the node's metrics) of each request sent and each that failed.
+
+Every sub-request goes to the peer's internal endpoint (``peer_auth.INTERNAL_PATH``; the peer answers from
+its own partitions only), signed with the cluster secret and carrying the caller (``peer_auth.PeerSigner``):
+the owner checks the caller may read each store. Explicit timeouts and connection limits; keep-alive
+connections are reused across requests. Counts what it sends per peer, and tells an optional PeerObserver
+(the node's metrics) of each request sent and each that failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import ssl
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -23,8 +26,10 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
+from iqgraph.app.peer_auth import INTERNAL_PATH, PeerSigner
 from iqgraph.schema import wire
-from iqgraph.schema.asgi import FORWARDED_HEADER, encode_json
+from iqgraph.schema.access import Principal
+from iqgraph.schema.asgi import encode_json
 from iqgraph.schema.errors import NODE_UNAVAILABLE
 from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
 
@@ -99,15 +104,17 @@ class PeerClient:
         max_connections: int = 64,
         observer: PeerObserver | None = None,
         verify: ssl.SSLContext | bool = True,
+        secret: str | bytes | None = None,
     ) -> None:
         self.node_id = node_id
+        self.signer = PeerSigner(node_id, secret or secrets.token_bytes(32))  # none: no peer would accept
         self.verify = verify  # how peers' certificates are verified (app.tls.peer_verify)
         self.observer = observer
         self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.sent: Counter[str] = Counter()
         self._clients: dict[int, httpx.AsyncClient] = {}
-        self._pending: dict[tuple[int, str, str | None], list[_Lookup]] = {}
+        self._pending: dict[tuple[int, str, Principal], list[_Lookup]] = {}
         self._tasks: set[asyncio.Future[None]] = set()
 
     def _client(self) -> httpx.AsyncClient:
@@ -119,9 +126,9 @@ class PeerClient:
             )
         return client
 
-    async def query(self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None) -> Any:
+    async def query(self, url: str, query: str, variables: Mapping[str, Any], caller: Principal) -> Any:
         """Return the data of one forwarded GraphQL request; raise PeerError / PeerUnavailableError."""
-        body = await self._observed(url, query, variables, authorization)
+        body = await self._observed(url, query, variables, caller)
         if body.get("errors"):
             error = _peer_error(url, body["errors"][0])
             if self.observer is not None:
@@ -129,28 +136,22 @@ class PeerClient:
             raise error
         return body["data"]
 
-    async def _observed(
-        self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None
-    ) -> dict[str, Any]:
+    async def _observed(self, url: str, query: str, variables: Mapping[str, Any], caller: Principal) -> dict[str, Any]:
         self.sent[url] += 1
         if self.observer is None:
-            return await self._send(url, query, variables, authorization)
+            return await self._send(url, query, variables, caller)
         self.observer.sent_to(url)
         try:
-            return await self._send(url, query, variables, authorization)
+            return await self._send(url, query, variables, caller)
         except PeerError as exc:
             self.observer.failed(url, exc.code)
             raise
 
-    async def _send(
-        self, url: str, query: str, variables: Mapping[str, Any], authorization: str | None
-    ) -> dict[str, Any]:
-        headers = {FORWARDED_HEADER: self.node_id, "content-type": "application/json"}
-        if authorization:
-            headers["authorization"] = authorization
+    async def _send(self, url: str, query: str, variables: Mapping[str, Any], caller: Principal) -> dict[str, Any]:
         content = encode_json({"query": query, "variables": variables})
+        headers = {"content-type": "application/json", **self.signer.headers(INTERNAL_PATH, content, caller)}
         try:
-            response = await self._client().post(f"{url}/graphql", content=content, headers=headers)
+            response = await self._client().post(f"{url}{INTERNAL_PATH}", content=content, headers=headers)
         except httpx.HTTPError as exc:
             raise PeerUnavailableError(f"peer {url} is unreachable: {exc.__class__.__name__}") from exc
         if response.status_code >= 500:
@@ -164,14 +165,14 @@ class PeerClient:
         return body
 
     async def lookup(
-        self, url: str, store: str, reads: Sequence[Read], windowed: bool, authorization: str | None
+        self, url: str, store: str, reads: Sequence[Read], windowed: bool, caller: Principal
     ) -> Answer[list[Any]]:
         """Return the peer's states of point reads of store (each read names its partitions).
 
         Sent with the other lookups for the same peer made within two turns of the event loop, in one request.
         """
         loop = asyncio.get_running_loop()
-        key = (id(loop), url, authorization)
+        key = (id(loop), url, caller)
         batch = self._pending.get(key)
         if batch is None:
             batch = self._pending[key] = []
@@ -181,19 +182,17 @@ class PeerClient:
         batch.append(_Lookup(store, wire.encode_reads(reads), found))
         return wire.decode_lookup(await found, windowed)
 
-    def _flush(self, key: tuple[int, str, str | None]) -> None:
+    def _flush(self, key: tuple[int, str, Principal]) -> None:
         batch = self._pending.pop(key, [])
-        _, url, authorization = key
+        _, url, caller = key
         for start in range(0, len(batch), wire.MAX_LOOKUPS):
-            task = asyncio.ensure_future(
-                self._send_lookups(url, authorization, batch[start : start + wire.MAX_LOOKUPS])
-            )
+            task = asyncio.ensure_future(self._send_lookups(url, caller, batch[start : start + wire.MAX_LOOKUPS]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send_lookups(self, url: str, authorization: str | None, batch: list[_Lookup]) -> None:
+    async def _send_lookups(self, url: str, caller: Principal, batch: list[_Lookup]) -> None:
         try:
-            await self._answer_lookups(url, authorization, batch)
+            await self._answer_lookups(url, caller, batch)
         except Exception as exc:  # every waiting lookup hears why (PeerUnavailableError, mostly)
             for item in batch:
                 _settle(item.answer, error=exc)
@@ -201,9 +200,9 @@ class PeerClient:
             for item in batch:
                 _settle(item.answer, error=PeerUnavailableError(f"peer {url} gave no answer for store {item.store}"))
 
-    async def _answer_lookups(self, url: str, authorization: str | None, batch: list[_Lookup]) -> None:
+    async def _answer_lookups(self, url: str, caller: Principal, batch: list[_Lookup]) -> None:
         variables, fields = wire.lookup_variables([(item.store, item.reads) for item in batch])
-        body = await self._observed(url, wire.lookups(len(batch)), variables, authorization)
+        body = await self._observed(url, wire.lookups(len(batch)), variables, caller)
         data, errors = body.get("data"), body.get("errors") or []
         if not isinstance(data, dict | None) or not isinstance(errors, list):
             raise PeerUnavailableError(f"peer {url} answered something that is not a GraphQL response")
@@ -228,7 +227,7 @@ class PeerClient:
         first: int,
         partitions: Sequence[int],
         windowed: bool,
-        authorization: str | None,
+        caller: Principal,
     ) -> Answer[dict[int, Any]]:
         """Return the peer's page (or error) per partition of a scan of store."""
         variables = {
@@ -238,15 +237,15 @@ class PeerClient:
             "first": first,
             "partitions": list(partitions),
         }
-        return wire.decode_scan((await self.query(url, wire.SCAN, variables, authorization))["_scan"], windowed)
+        return wire.decode_scan((await self.query(url, wire.SCAN, variables, caller))["_scan"], windowed)
 
     async def count(
-        self, url: str, store: str, partitions: Sequence[int], exact: bool, authorization: str | None
+        self, url: str, store: str, partitions: Sequence[int], exact: bool, caller: Principal
     ) -> Answer[dict[int, Any]]:
         """Return the peer's count (or error) per partition of entries of store."""
         variables = {"store": store, "partitions": list(partitions), "exact": exact}
-        return wire.decode_count((await self.query(url, wire.COUNT, variables, authorization))["_count"])
+        return wire.decode_count((await self.query(url, wire.COUNT, variables, caller))["_count"])
 
-    async def node(self, url: str, authorization: str | None) -> NodeInfo:
+    async def node(self, url: str, caller: Principal) -> NodeInfo:
         """Return the peer's own node metadata."""
-        return wire.decode_node((await self.query(url, wire.NODE, {}, authorization))["node"])
+        return wire.decode_node((await self.query(url, wire.NODE, {}, caller))["node"])

@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from iqgraph.app.cluster_queries import ClusterStoreQueries
+from iqgraph.schema.access import principal_of
 from iqgraph.schema.errors import (
     INTERNAL,
     INTERNAL_MESSAGE,
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 STATUS = {
     "INVALID_KEY": 400,
     "INVALID_ARGUMENT": 400,
+    "FORBIDDEN": 403,
     "UNKNOWN_STORE": 404,
     NOT_FOUND: 404,
     "PARTITIONER_MISMATCH": 409,
@@ -118,7 +120,7 @@ async def _value(queries: ClusterStoreQueries, request: Request) -> Response:
     store, key = _store_key(queries, request)
     max_lag = _int_param(request, "maxLag", None)
     reports = Reports(want_positions=request.query_params.get("positions") == "true")
-    bound = queries.bind(reports, request.headers.get("authorization"))
+    bound = queries.bind(reports, principal_of(request.scope))
     kind = StoreKind(next(s.kind for s in queries.stores() if s.name == store))
     body: dict[str, Any] = {"store": store, "key": key}
     if kind is StoreKind.RANKING:

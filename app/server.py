@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import secrets
 import signal
 import socket
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -22,15 +22,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from iqgraph.app.auth import Authenticator
+from iqgraph.app.auth_gate import AuthGate
 from iqgraph.app.merging import finalize
 from iqgraph.app.metrics import scrape, tracing_extensions
 from iqgraph.app.node import Node, NodeStartError
+from iqgraph.app.peer_auth import INTERNAL_PATH, PeerGate, PeerVerifier
 from iqgraph.app.request_guard import RequestGuard
 from iqgraph.app.rest import rest_routes
 from iqgraph.app.routing import store_key_partitions
 from iqgraph.app.settings import Settings
-from iqgraph.app.tls import server_options
-from iqgraph.schema.asgi import FORWARDED_HEADER
+from iqgraph.app.tls import peer_verify, server_options
 from iqgraph.schema.graphiql import graphiql_mount
 from iqgraph.schema.types import PartitionInfo, PipelineInfo
 
@@ -40,8 +42,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Any:
-    """Return the ASGI app of a started node, serving graphql at /graphql."""
+def build_asgi(
+    node: Node,
+    graphql: Any,
+    internal: Any = None,
+    raw_endpoint: bool = False,
+    authenticator: Authenticator | None = None,
+) -> Any:
+    """Return the ASGI app of a started node: graphql at /graphql for clients, internal for peers.
+
+    Clients are authenticated by ``app.auth.AuthGate`` (with auth "none", everyone reads everything);
+    peers' sub-requests to ``INTERNAL_PATH`` by their signature (``app.peer_auth.PeerGate``); every
+    request meets the limits of ``app.request_guard`` first. authenticator: None makes the one the node's
+    settings describe.
+    """
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "alive", "node": node.settings.node_id})
@@ -58,8 +72,6 @@ def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Any:
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    counted = ForwardCounter(graphql, node.metrics.forwarded_received)
-
     async def metrics(_: Request) -> Response:
         # in a thread: the partition gauges ask Kafka for the end offsets
         return Response(await run_in_threadpool(scrape, node.metrics), media_type=CONTENT_TYPE_LATEST)
@@ -69,32 +81,19 @@ def build_asgi(node: Node, graphql: Any, raw_endpoint: bool = False) -> Any:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         graphiql_mount("/graphql"),  # GraphiQL's assets at /graphql/static (schema.graphiql)
-        Route("/graphql", counted, methods=["GET", "POST"]),
+        Route("/graphql", graphql, methods=["GET", "POST"]),
     ]
+    if internal is not None:
+        verifier = PeerVerifier(node.settings.cluster_secret or secrets.token_bytes(32))  # none: no peer gets in
+        gate = PeerGate(internal, verifier, node.metrics.forwarded_received, 16 * node.settings.max_body_bytes)
+        routes.append(Route(INTERNAL_PATH, gate, methods=["POST"]))
     if node.queries is not None:
         routes += rest_routes(node.queries)  # GET /stores/{store}/keys/{key}[/metadata] (app.rest)
     if raw_endpoint:
         routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
-    return RequestGuard(Starlette(routes=routes), node.settings)
-
-
-class ForwardCounter:
-    """ASGI wrapper counting the forwarded sub-requests received, per node the forwarded header names.
-
-    The header is not authenticated yet (any client can send it): ``count`` gets its raw value and must
-    bound it (NodeMetrics labels it only when it names a member, else ``unknown``).
-    """
-
-    def __init__(self, app: Any, count: Callable[[str], None]) -> None:
-        self.app = app
-        self.count = count
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """Count a forwarded request, then serve it."""
-        origin = dict(scope.get("headers") or []).get(FORWARDED_HEADER.encode())
-        if origin is not None:
-            self.count(origin.decode("latin-1"))
-        await self.app(scope, receive, send)
+    if authenticator is None:
+        authenticator = Authenticator.from_settings(node.settings)
+    return RequestGuard(AuthGate(Starlette(routes=routes), authenticator), node.settings)
 
 
 def _raw_lookup(node: Node) -> Any:
@@ -141,16 +140,25 @@ def pipeline_json(pipeline: PipelineInfo) -> dict[str, Any]:
     }
 
 
-def graphql_app(node: Node) -> Any:
-    """Return the Strawberry ASGI app answering the node's store queries."""
+def graphql_app(node: Node) -> tuple[Any, Any]:
+    """Return the Strawberry ASGI apps answering the node's store queries: clients', and peers' (internal)."""
     from iqgraph.app.local_partitions import entity_infos
     from iqgraph.app.owner_fields import owner_field_infos
     from iqgraph.schema import GraphQLApp, Limits, build_schema
+    from iqgraph.schema.builder import build_internal_schema
 
     assert node.queries is not None and node.local is not None  # noqa: S101 - started before serving
     settings = node.settings
     limits = Limits(
-        max_keys=settings.max_keys, max_page_size=settings.max_page_size, default_page_size=settings.default_page_size
+        max_keys=settings.max_keys,
+        max_page_size=settings.max_page_size,
+        default_page_size=settings.default_page_size,
+        max_aliases=settings.max_aliases,
+        max_depth=settings.max_depth,
+        max_tokens=settings.max_tokens,
+        max_body_bytes=settings.max_body_bytes,
+        max_header_bytes=settings.max_header_bytes,
+        request_timeout_ms=settings.request_timeout_ms,
     )
     schema = build_schema(
         node.queries.stores(),
@@ -161,12 +169,21 @@ def graphql_app(node: Node) -> Any:
         metrics=node.metrics.graphql,
         extensions=tracing_extensions(settings.tracing),
         compiled=settings.compiled,
+        introspection=settings.introspection,
     )
-    return GraphQLApp(schema, node.queries, limits, local=node.local, compiled=settings.compiled)
+    public = GraphQLApp(schema, node.queries, limits, compiled=settings.compiled, require_principal=True)
+    internal_schema = build_internal_schema(
+        limits, owner_field_infos(node.app), getattr(schema, "request_metrics", None)
+    )
+    internal = GraphQLApp(internal_schema, node.queries, limits, local=node.local, require_principal=True)
+    return public, internal
 
 
 def serve(settings: Settings, app: App) -> int:
     """Run a node until interrupted; return the exit code."""
+    tls = server_options(settings)  # its files, the CA's and the authenticator's are checked before Spark starts
+    peer_verify(settings)
+    authenticator = Authenticator.from_settings(settings)
     listener = bind_listener(settings.host, settings.port)  # before Spark: it takes ports of its own
     node = Node(settings, app)
     progress = lambda message: print(f"iqgraph: {message}", flush=True)  # noqa: E731
@@ -177,14 +194,15 @@ def serve(settings: Settings, app: App) -> int:
         raise
     node.watch_restore(progress)
     try:
-        asgi = build_asgi(node, graphql_app(node), raw_endpoint=settings.raw_endpoint)
+        asgi = build_asgi(node, *graphql_app(node), settings.raw_endpoint, authenticator)
         print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)
+        print(f"iqgraph: {settings.describe_security()}", flush=True)
         config = uvicorn.Config(
             asgi,
             log_level="warning",
             timeout_graceful_shutdown=10,
             h11_max_incomplete_event_size=settings.max_header_bytes,  # with h11; RequestGuard checks them too
-            **server_options(settings),  # HTTPS (app.tls)
+            **tls,  # HTTPS (app.tls)
         )
         gc.collect()
         gc.freeze()  # what start-up made lives as long as the node: keep it out of the collector's full passes

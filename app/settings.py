@@ -116,6 +116,15 @@ class Settings:
         """Return the authentication methods clients may use (empty: authentication is off)."""
         return frozenset() if self.auth == "none" else frozenset(m.strip() for m in self.auth.split(","))
 
+    def describe_security(self) -> str:
+        """Return one line saying whether clients must authenticate, and how peers and clients connect."""
+        if self.auth_methods:
+            auth = f"auth on ({', '.join(sorted(self.auth_methods))}): clients need credentials"
+        else:
+            auth = "auth off: any client may read every store (docs/security.md turns it on)"
+        introspection = "" if self.introspection else "; introspection off"
+        return f"{auth}{introspection}; {'HTTPS' if self.tls_cert else 'plain HTTP'}"
+
     def _check_security(self) -> None:
         methods = self.auth_methods
         if not methods <= {"jwt", "api-key"} or not methods and self.auth != "none":

@@ -63,7 +63,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from iqgraph.examples.shop import CUSTOMERS, generate_orders  # noqa: E402
-from iqgraph.schema.asgi import FORWARDED_HEADER  # noqa: E402
 from iqgraph.streaming.broker import EmbeddedBroker, produce  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
 from tests.app.cluster_nodes import NodeProcess, Scrape, start_nodes, wait_ready, write_app_module  # noqa: E402
@@ -200,10 +199,9 @@ def naive_sequential(client: Client, urls: list[str], keys: list[str]) -> Values
     local = [i for i, o in enumerate(owners) if o == 0]
     for i, value in zip(local, get_many(client, urls[0], [keys[i] for i in local]), strict=True):
         values[i] = value
-    forwarded = {FORWARDED_HEADER: "node-0"}
     for i, key in enumerate(keys):
         if owners[i] != 0:
-            answer = client.graphql(urls[owners[i]], GET_ONE, {"k": key}, forwarded)
+            answer = client.graphql(urls[owners[i]], GET_ONE, {"k": key}, {})
             if answer.get("errors"):
                 raise RuntimeError(f"get({key}) answered errors: {answer['errors']}")
             values[i] = answer["data"][FIELD]["get"]
@@ -238,9 +236,9 @@ class HttpxLayer:
         owners = [owner(k) for k in keys]
         local = [i for i, o in enumerate(owners) if o == 0]
         remote = [i for i, o in enumerate(owners) if o != 0]
-        gate, forwarded = asyncio.Semaphore(self.concurrency), {FORWARDED_HEADER: "node-0"}
+        gate = asyncio.Semaphore(self.concurrency)
         mine = self._ask(gate, self.urls[0], GET_MANY, [keys[i] for i in local], {})
-        theirs = (self._ask(gate, self.urls[owners[i]], GET_ONE, keys[i], forwarded) for i in remote)
+        theirs = (self._ask(gate, self.urls[owners[i]], GET_ONE, keys[i], {}) for i in remote)
         if self.concurrency == 1:
             answers = [await mine, *[await ask for ask in theirs]]
         else:

@@ -58,6 +58,14 @@ class Principal:
 
 #: The caller when authentication is off: anyone may read every store.
 ANONYMOUS = Principal("anonymous", None)
+#: Where the authenticated caller of a request is put in its ASGI scope (app.auth, app.peer_auth).
+PRINCIPAL_SCOPE_KEY = "iqgraph.principal"
+
+
+def principal_of(scope: Mapping[str, Any]) -> Principal:
+    """Return the caller an ASGI scope was authenticated as (ANONYMOUS if nothing authenticated it)."""
+    found = scope.get(PRINCIPAL_SCOPE_KEY)
+    return found if isinstance(found, Principal) else ANONYMOUS
 
 
 def check_read(principal: Principal, store: str) -> None:

@@ -26,6 +26,7 @@ from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
 
 from iqgraph.schema import http_spec
+from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY, Principal, principal_of
 from iqgraph.schema.builder import IqGraphSchema
 from iqgraph.schema.context import Context, request_context
 from iqgraph.schema.errors import GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILED
@@ -40,9 +41,8 @@ if TYPE_CHECKING:
     from iqgraph.schema.compiled import RequestMetrics
     from iqgraph.schema.types import PeerQueries, StoreQueries
 
-
-#: The header that marks a peer's forwarded sub-request: it is answered from local partitions only.
-FORWARDED_HEADER = "x-iqgraph-forwarded"
+#: The caller of a request nothing authenticated, where authentication is required: it may read no store.
+NOBODY = Principal("nobody", frozenset())
 
 
 def _sub_response(media_type: str | None) -> Response:
@@ -65,9 +65,12 @@ def encode_json(data: object) -> bytes:
 class GraphQLApp(GraphQL[Context, None]):
     """Serve schema over HTTP, answering from queries within limits (give build_schema the same Limits).
 
-    Each request's queries are bound to its own reports and Authorization header. With ``local`` (the
-    node's own partitions), a request marked with FORWARDED_HEADER may read the internal fields, which
-    answer from local partitions only — a forwarded request is never forwarded again, so nodes cannot loop.
+    Each request's queries are bound to its own reports and its caller: the Principal an ASGI wrapper put
+    in the scope (``app.auth.AuthGate`` for clients, ``app.peer_auth.PeerGate`` for peers); with
+    ``require_principal`` a request nothing authenticated may read no store, else it reads as ANONYMOUS.
+    With ``local`` (the node's own partitions) this is the internal endpoint: its schema's internal
+    fields answer from local partitions only — a forwarded request is never forwarded again, so nodes
+    cannot loop.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class GraphQLApp(GraphQL[Context, None]):
         *,
         local: PeerQueries | None = None,
         compiled: bool = True,
+        require_principal: bool = False,
         **options: Any,
     ) -> None:
         super().__init__(schema, **options)
@@ -85,12 +89,18 @@ class GraphQLApp(GraphQL[Context, None]):
         self._limits = limits or Limits()
         self._queries = queries
         self._local = local
+        self._anonymous = NOBODY if require_principal else ANONYMOUS
+
+    def principal(self, request: Any) -> Principal:
+        """Return the caller of request, as the ASGI wrappers authenticated it."""
+        if request is None or PRINCIPAL_SCOPE_KEY not in request.scope:
+            return self._anonymous
+        return principal_of(request.scope)
 
     async def get_context(self, request: Any, response: Any) -> Context:
-        """Return the context of one request (the internal fields answer only forwarded requests)."""
-        forwarded = request is not None and FORWARDED_HEADER in request.headers
-        local = self._local if forwarded else None
-        return request_context(self._queries, self._limits, request, response, local)
+        """Return the context of one request, bound to its caller."""
+        principal = self.principal(request)
+        return request_context(self._queries, self._limits, request, response, self._local, principal)
 
     async def get_sub_response(self, request: Request | WebSocket) -> Response:
         """Return the response resolvers may add headers to; its media_type is the one Accept chose (or 406)."""
@@ -177,7 +187,7 @@ class GraphQLApp(GraphQL[Context, None]):
         variables no plan covers — gets None, and the Strawberry view serves it.
         """
         schema = self.schema
-        if not isinstance(schema, IqGraphSchema) or schema.compiled is None:
+        if not isinstance(schema, IqGraphSchema) or (schema.compiled is None and self._local is None):
             return None
         media_type = http_spec.negotiate(request.headers.get("accept"))
         if media_type is None or request.method not in ("GET", "POST"):
@@ -195,6 +205,8 @@ class GraphQLApp(GraphQL[Context, None]):
         sub_response = _sub_response(media_type)  # what get_sub_response gives for a media type Accept chose
         result = self._forwarded_lookups(request, data, schema.request_metrics)
         if result is None:
+            if schema.compiled is None:
+                return None
             context = await self.get_context(request, sub_response)
             result = await schema.execute_compiled(
                 data.query, data.variables, context, data.operation_name, data.extensions
@@ -207,14 +219,14 @@ class GraphQLApp(GraphQL[Context, None]):
         self, request: Request, data: GraphQLRequestData, metrics: RequestMetrics | None
     ) -> ExecutionResult | None:
         """Return the result of a peer's forwarded point reads (schema.internal's lean path); None otherwise."""
-        if self._local is None or FORWARDED_HEADER not in request.headers or data.extensions:
+        if self._local is None or data.extensions:
             return None
         fields = lookup_fields(data.query)
         if fields is None or data.operation_name is not None:
             return None
         started = time.perf_counter()
         variables = data.variables or {}
-        answered = answer_lookups(self._local, fields, variables)
+        answered = answer_lookups(self._local, fields, variables, self.principal(request), self._limits)
         if answered is None:
             return None
         if metrics is not None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from iqgraph.schema.errors import api_error
+from iqgraph.schema.errors import ApiError, api_error
 from iqgraph.schema.resolving import context
 from iqgraph.schema.selection import selection_key, subfields
 from iqgraph.stores import Key, StoreError
@@ -99,10 +99,19 @@ class EntityBatch:
             return None
         arrival = self._arrivals.get(names)
         if arrival is None:
-            futures = [self.read(r.name, r.start(loaders, self.max_lag)) for r in reads if r.name in names]
+            futures = [self._start(r, loaders) for r in reads if r.name in names]
             arrival = self._arrivals[names] = asyncio.gather(*futures, return_exceptions=True)  # futures: no task
             arrival.add_done_callback(lambda _: self._record(names))  # before any awaiter resumes
         return arrival
+
+    def _start(self, read: Read, loaders: Loaders) -> asyncio.Future[list[Any]]:
+        try:
+            start = read.start(loaders, self.max_lag)
+        except ApiError as exc:  # e.g. FORBIDDEN: this read's fields raise it, the others answer
+            failed: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return self.reads.setdefault(read.name, failed)
+        return self.read(read.name, start)
 
     def _record(self, names: tuple[Hashable, ...]) -> None:
         for name in names:

@@ -56,8 +56,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import strawberry
-from graphql import GraphQLError
-from strawberry.extensions import AddValidationRules, ParserCache, SchemaExtension, ValidationCache
+from graphql import ASTValidationRule, GraphQLError, NoSchemaIntrospectionCustomRule
+from strawberry.extensions import SchemaExtension
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext, ExecutionResult
 
@@ -77,7 +77,7 @@ from iqgraph.schema.errors import (
 from iqgraph.schema.internal import internal_fields
 from iqgraph.schema.keys import key_kind
 from iqgraph.schema.kv_fields import key_value_type
-from iqgraph.schema.limits import Limits
+from iqgraph.schema.limits import DocumentChecks, Limits
 from iqgraph.schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fields
 from iqgraph.schema.metrics import GraphQLMetrics, MetricsExtension
 from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
@@ -92,6 +92,8 @@ from iqgraph.schema.value_types import LinkError, ValueTypes
 from iqgraph.schema.window_fields import WindowNode, window_node, window_type
 
 DEFAULT_CACHE_SIZE = 1024
+#: The internal endpoint's documents are few (``schema.wire``'s): a small cache holds them all.
+INTERNAL_CACHE_SIZE = 128
 RESERVED_TYPES = {
     "Query",
     "Mutation",
@@ -278,13 +280,13 @@ def _owner_fields(
     plans: Mapping[str, StorePlan],
     entity_fields: Sequence[Field],
 ) -> list[Field]:
-    """Return the root fields of the owner-side fields, and the internal _call if there are any."""
+    """Return the root fields of the owner-side fields."""
     if not owner_fields:
         return []
     taken = {p.field: f"store {name!r}" for name, p in plans.items()}
     taken.update({field: "the metadata" for field in METADATA_FIELDS})
     taken.update({f.name: "an entity" for f in entity_fields})
-    return [*owner_root_fields(owner_fields, limits, names, taken), call_field()]
+    return owner_root_fields(owner_fields, limits, names, taken)
 
 
 def build_schema(
@@ -298,17 +300,20 @@ def build_schema(
     metrics: GraphQLMetrics | None = None,
     extensions: Sequence[Callable[[], SchemaExtension]] = (),
     compiled: bool = True,
+    introspection: bool = True,
 ) -> strawberry.Schema:
     """Return the schema in which every store and every entity is a typed root field, next to the metadata fields.
 
     entities: key spaces whose stores compose into one type each (schema.entities), and the targets of the
     stores' relations (schema.relations). owner_fields: functions run on a key's owner (schema.owner_fields).
 
-    limits sets the documented defaults (page size) and the alias limit; the request context (see
-    context_getter) enforces the rest, so give both the same Limits. The parser and validation
-    caches keep the last cache_size distinct documents. With metrics, every request is counted and
+    limits sets the documented defaults (page size) and the document limits (tokens, aliases, depth:
+    schema.limits.DocumentChecks); the request context (see context_getter) enforces the rest, so give
+    both the same Limits. The parser and validation caches keep the last cache_size distinct documents
+    (fewer when they are long: schema.limits.DocumentCache). With metrics, every request is counted and
     timed (schema.metrics); extensions (e.g. tracing) are added after the built-in ones. compiled: queries
-    over store fields run as compiled plans (schema.compiled) unless extensions are given.
+    over store fields run as compiled plans (schema.compiled) unless extensions are given. Without
+    introspection, a document asking for ``__schema`` or ``__type`` fails validation.
     """
     settled = limits or Limits()
     names = TypeNames(RESERVED_TYPES)
@@ -320,25 +325,37 @@ def build_schema(
         *(_store_field(p, windows) for p in plans.values()),
         *entity_fields,
         *metadata_fields(plans),
-        *internal_fields(),
         *_owner_fields(owner_fields, settled, names, plans, entity_fields),
     ]
     query = object_type("Query", fields, description)
-    alias_rule = settled.alias_rule()  # one class for every request, so the validation cache hits
-    installed: list[Callable[[], SchemaExtension]] = [
-        ErrorCodes,
-        ClusterReports,
-        lambda: AddValidationRules([alias_rule]),
-        lambda: ParserCache(maxsize=cache_size),
-        lambda: ValidationCache(maxsize=cache_size),
-        *extensions,
-    ]
+    rules: list[type[ASTValidationRule]] = [] if introspection else [NoSchemaIntrospectionCustomRule]
+    checks = DocumentChecks(settled, cache_size, rules)  # tokens, aliases, depth; caches bounded (schema.limits)
+    installed: list[Callable[[], SchemaExtension]] = [ErrorCodes, ClusterReports, *checks.extensions(), *extensions]
     store_fields = {p.field: name for name, p in plans.items()}
     if metrics is not None:  # first: its operation hook ends last, timing and seeing the final errors
         installed.insert(0, lambda: MetricsExtension(metrics, store_fields, frozenset(plans)))
     schema = IqGraphSchema(query=query, extensions=installed, config=StrawberryConfig(scalar_map=SCALARS))
     if compiled and not extensions:  # another extension would not see compiled requests
         roots = {*store_fields, *METADATA_FIELDS, *(f.name for f in entity_fields)}
-        schema.compiled = CompiledQueries(schema._schema, roots, [alias_rule], cache_size)
+        schema.compiled = CompiledQueries(schema._schema, roots, checks.rules, cache_size, settled.max_tokens)
         schema.request_metrics = None if metrics is None else RequestMetrics(metrics, store_fields, frozenset(plans))
+    return schema
+
+
+def build_internal_schema(
+    limits: Limits, owner_fields: Sequence[OwnerFieldInfo] = (), request_metrics: RequestMetrics | None = None
+) -> IqGraphSchema:
+    """Return the schema of the internal endpoint peers call: ``_lookup``, ``_scan``, ``_count``, ``_call``, ``node``.
+
+    Served only behind the peers' signature check (``app.peer_auth``); bounded by the public limits.
+    request_metrics (the public schema's) times the point reads answered on the lean path.
+    """
+    settled = limits or Limits()
+    node = [f for f in metadata_fields({}) if f.name == "node"]
+    calls = [call_field(owner_fields, settled)] if owner_fields else []
+    query = object_type("Query", [*internal_fields(settled), *calls, *node], "Internal: what peers ask each other.")
+    checks = DocumentChecks(settled, INTERNAL_CACHE_SIZE)  # the public limits: tokens, aliases, depth
+    installed: list[Callable[[], SchemaExtension]] = [ErrorCodes, *checks.extensions()]
+    schema = IqGraphSchema(query=query, extensions=installed, config=StrawberryConfig(scalar_map=SCALARS))
+    schema.request_metrics = request_metrics
     return schema

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import GeneratorType
@@ -62,11 +61,12 @@ from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types import ExecutionResult
 
 from iqgraph.schema.errors import log_errors, with_codes
+from iqgraph.schema.limits import DocumentCache, bounded
 from iqgraph.schema.metrics import request_labels
 from iqgraph.schema.reports import apply_request_options, partial_errors
 
 if TYPE_CHECKING:
-    from graphql import ValidationRule
+    from graphql import ASTValidationRule
 
     from iqgraph.schema.context import Context
     from iqgraph.schema.metrics import GraphQLMetrics
@@ -550,41 +550,37 @@ async def _item_later(
 
 
 class CompiledQueries:
-    """Plans of recent documents (bounded LRU): the compiled plan, or None where graphql-core must run.
+    """Plans of recent documents (schema.limits.DocumentCache): the compiled plan, or None where graphql-core must run.
 
     roots: the root fields a plan may select (the store fields and the metadata fields; never the
-    internal fields, which answer peers).
+    internal fields, which answer peers). A document is parsed within max_tokens and validated with the
+    schema's rules (schema.limits): one that breaks a limit gets no plan, and the Strawberry path refuses
+    it. A document too long to cache gets no plan either: it runs on graphql-core, parsed once.
     """
 
     def __init__(
         self,
         schema: GraphQLSchema,
         roots: Collection[str],
-        rules: Sequence[type[ValidationRule]],
+        rules: Sequence[type[ASTValidationRule]],
         maxsize: int,
+        max_tokens: int | None = None,
     ) -> None:
         self.schema = schema
         self.roots = frozenset(roots)
-        self.rules = [*specified_rules, *rules]
-        self.maxsize = maxsize
-        self._plans: OrderedDict[tuple[str, str | None], CompiledQuery | None] = OrderedDict()
+        self.rules = [*bounded(specified_rules), *rules]
+        self.max_tokens = max_tokens
+        self._plans: DocumentCache[CompiledQuery | None] = DocumentCache(maxsize)
 
     def plan(self, query: str, operation_name: str | None) -> CompiledQuery | None:
         """Return the plan of a document's operation, or None when it must run on graphql-core."""
-        key = (query, operation_name)
-        try:
-            found = self._plans[key]
-        except KeyError:
-            found = self._plans[key] = self._compile(query, operation_name)
-            if len(self._plans) > self.maxsize:
-                self._plans.popitem(last=False)
-        else:
-            self._plans.move_to_end(key)
-        return found
+        if len(query) > self._plans.max_chars:
+            return None
+        return self._plans.get((query, operation_name), len(query), lambda: self._compile(query, operation_name))
 
     def _compile(self, query: str, operation_name: str | None) -> CompiledQuery | None:
         try:
-            document = parse(query)
+            document = parse(query, max_tokens=self.max_tokens)
         except GraphQLSyntaxError:
             return None
         if validate(self.schema, document, self.rules):

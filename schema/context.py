@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.batches import OpenBatches
 from iqgraph.schema.limits import Limits
 from iqgraph.schema.loaders import Loaders
@@ -31,9 +32,10 @@ class Context:
     request: Any = None
     response: Any = None
     local: PeerQueries | None = None  # answers forwarded sub-requests (the internal _ fields)
+    principal: Principal = ANONYMOUS  # the caller: every store read is checked against it (schema.access)
 
     def __post_init__(self) -> None:
-        self.loaders = Loaders(self.queries)
+        self.loaders = Loaders(self.queries, self.limits.max_keys, self.principal)
         self.entities = OpenBatches()
 
 
@@ -46,12 +48,18 @@ def request_context(
     request: Any = None,
     response: Any = None,
     local: PeerQueries | None = None,
+    principal: Principal = ANONYMOUS,
 ) -> Context:
-    """Return the context of one request: queries bound to its own reports and Authorization header."""
+    """Return the context of one request: queries bound to its own reports and its caller."""
     reports = Reports()
-    authorization = None if request is None else request.headers.get("authorization")
     return Context(
-        queries.bind(reports, authorization), limits, reports, request=request, response=response, local=local
+        queries.bind(reports, principal),
+        limits,
+        reports,
+        request=request,
+        response=response,
+        local=local,
+        principal=principal,
     )
 
 
@@ -59,7 +67,8 @@ def context_getter(queries: StoreQueries, limits: Limits | None = None) -> Conte
     """Return a function that makes a fresh Context (new DataLoaders, new reports) for each request.
 
     Call it as ``get_context(request=None, response=None)``, e.g. from an ASGI ``GraphQL.get_context``
-    or ``schema.execute(query, context_value=get_context())``. Pass the Limits given to build_schema.
+    or ``schema.execute(query, context_value=get_context())``. Pass the Limits given to build_schema. The
+    caller may read every store (embedding code authenticates its callers itself).
     """
     settled = limits or Limits()
 

@@ -26,6 +26,12 @@ Status of a GraphQL response (``response_status``)
     error, 422 for the rest (validation, variable coercion, an operation that cannot be determined).
     A mutation or subscription over GET is 405 with ``Allow: POST``, decided from query and
     operationName before validation, as the spec's GET section says; another method is 405 too.
+
+Limits (``headers_too_large``, ``body_too_large``, ``timed_out``: the refusals app.request_guard sends)
+    a request line and headers over ``max_header_bytes``: 431; a body over ``max_body_bytes``: 413
+    (refused from its Content-Length, or as soon as the bytes read pass the limit); both with code
+    LIMIT_EXCEEDED. A request past its deadline (``request_timeout_ms``) before its answer began: 504
+    with code TIMEOUT. JSON nested too deeply to decode is 400 like any body that is not JSON.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from cross_web import HTTPException
 from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.types import ExecutionResult
 
-from iqgraph.schema.errors import BAD_REQUEST, GRAPHQL_PARSE_FAILED, INTERNAL
+from iqgraph.schema.errors import BAD_REQUEST, GRAPHQL_PARSE_FAILED, INTERNAL, LIMIT_EXCEEDED, TIMEOUT
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 JSON = "application/json"
@@ -115,6 +121,25 @@ def decode_body(body: bytes) -> object:
         return json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(400, "Unable to parse the request body as JSON") from exc
+    except RecursionError:
+        raise RequestError(400, "Unable to parse the request body as JSON: nested too deeply") from None
+
+
+def headers_too_large(size: int, max_bytes: int) -> RequestError:
+    """Return the refusal of a request whose line and headers are size bytes, over max_bytes."""
+    return RequestError(
+        431, f"The request's line and headers are {size} bytes, at most {max_bytes} allowed", LIMIT_EXCEEDED
+    )
+
+
+def body_too_large(max_bytes: int) -> RequestError:
+    """Return the refusal of a request whose body is longer than max_bytes."""
+    return RequestError(413, f"The request body is longer than {max_bytes} bytes, the most allowed", LIMIT_EXCEEDED)
+
+
+def timed_out(timeout_ms: int) -> RequestError:
+    """Return the refusal of a request not answered within its deadline."""
+    return RequestError(504, f"The request was not answered within its deadline of {timeout_ms} ms", TIMEOUT)
 
 
 def query_params(params: Mapping[str, str | None]) -> dict[str, object]:
@@ -128,8 +153,8 @@ def query_params(params: Mapping[str, str | None]) -> dict[str, object]:
         if name in ("variables", "extensions"):
             try:
                 data[name] = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise RequestError(422, f"{name} must be a JSON object") from exc
+            except (json.JSONDecodeError, RecursionError):
+                raise RequestError(422, f"{name} must be a JSON object") from None
     return data
 
 

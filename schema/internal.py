@@ -1,11 +1,14 @@
 """Internal root fields that peers call with a forwarded sub-request: states in compact JSON.
 
-A node that routes reads to a peer sends ONE GraphQL request per peer, marked as forwarded, asking for
-``_lookup`` / ``_scan`` / ``_count`` over partitions its routing chose. The peer answers from its own
+A node that routes reads to a peer sends ONE GraphQL request per peer to the peer's internal endpoint
+(its own schema, ``builder.build_internal_schema``, behind ``app.peer_auth``'s signature check), asking
+for ``_lookup`` / ``_scan`` / ``_count`` over partitions its routing chose. The peer answers from its own
 partitions only (never forwards again) with mergeable states, positions and lags, encoded as
 ``schema.wire`` describes — no per-field resolution — so that the caller combines several nodes' answers
 before finalizing them. A failed read is ``{"error": {"message": …, "extensions": {"code": …}}}`` in its
-place. These fields start with ``_``: they are for peers, not for clients.
+place. The owner checks each read against the caller the peer carried (``schema.access.check_read``) and
+bounds it by the public limits: at most max_keys reads per ``_lookup``, max_page_size items per page; a
+bad argument is BAD_REQUEST. These fields are not in the public schema.
 """
 
 from __future__ import annotations
@@ -19,14 +22,23 @@ from graphql import FieldNode, OperationDefinitionNode, VariableNode, parse
 from strawberry.scalars import JSON
 
 from iqgraph.schema import wire
+from iqgraph.schema.access import Principal, check_read
 from iqgraph.schema.dynamic import Arg, Field, resolved_field, resolver_with
-from iqgraph.schema.errors import ApiError, invalid_argument, store_errors
+from iqgraph.schema.errors import BAD_REQUEST, ApiError, limit_exceeded, store_errors
+from iqgraph.schema.limits import Limits
 from iqgraph.schema.resolving import context
 from iqgraph.schema.types import PeerQueries, Scan
 
-#: The internal root fields (``_call``, an owner-side field's sub-request, is schema.owner_fields'). Nothing
-#: hides them from the SDL: they show there, described as internal, like any root field.
+#: The internal root fields (``_call``, an owner-side field's sub-request, is schema.owner_fields').
 INTERNAL_FIELDS = ("_lookup", "_scan", "_count", "_call")
+#: The scans peers send (``app.cluster_queries``), and the arguments each takes.
+SCAN_ARGUMENTS = {
+    "range": {"from_key", "to_key"},
+    "prefix": {"prefix"},
+    "fetch_all": {"time_from", "time_to"},
+    "fetch_range": {"from_key", "to_key", "time_from", "time_to"},
+    "top": {"group"},
+}
 #: The documents of point reads peers send (``wire.lookups(n)``), by their text.
 _LOOKUP_DOCUMENTS = {wire.lookups(n): n for n in range(1, wire.MAX_LOOKUPS + 1)}
 
@@ -34,34 +46,70 @@ _LOOKUP_DOCUMENTS = {wire.lookups(n): n for n in range(1, wire.MAX_LOOKUPS + 1)}
 def _local(info: strawberry.Info) -> PeerQueries:
     local = context(info).local
     if local is None:
-        raise ApiError("this server does not answer forwarded sub-requests", "BAD_REQUEST")
+        raise ApiError("this server does not answer forwarded sub-requests", BAD_REQUEST)
     return local
 
 
-def internal_fields() -> list[Field]:
-    """Return the root fields _lookup, _scan and _count."""
+def bad_request(argument: str, message: str) -> ApiError:
+    """Return the error of an internal field's argument no peer sends."""
+    return ApiError(f"{argument}: {message}", BAD_REQUEST, argument=argument)
+
+
+def checked_reads(reads: Any, limits: Limits) -> list[Any]:
+    """Return a _lookup's decoded reads: BAD_REQUEST if they do not decode, LIMIT_EXCEEDED over max_keys."""
+    if isinstance(reads, list):
+        limits.check_keys(reads)
+    try:
+        return wire.decode_reads(reads)
+    except (ValueError, TypeError) as exc:
+        raise bad_request("reads", str(exc)) from None
+
+
+def _checked_scan(scan: Any, positions: Any, first: int, partitions: list[int], limits: Limits) -> tuple[Scan, Any]:
+    if first > limits.max_page_size:
+        raise limit_exceeded("page size (first)", limits.max_page_size, first)
+    if first < 1 or any(p < 0 for p in partitions):
+        raise bad_request("first", "first and partitions must be positive")
+    if not isinstance(scan, dict) or scan.get("kind") not in SCAN_ARGUMENTS:
+        raise bad_request("scan", f"not a scan this API sends; kinds: {sorted(SCAN_ARGUMENTS)}")
+    args = scan.get("args") or {}
+    if not isinstance(args, dict) or not set(args) <= SCAN_ARGUMENTS[scan["kind"]]:
+        raise bad_request("scan", f"a {scan['kind']} scan takes {sorted(SCAN_ARGUMENTS[scan['kind']])}")
+    if not isinstance(positions, dict) or not all(isinstance(c, str | None) for c in positions.values()):
+        raise bad_request("positions", "expected {partition: cursor}")
+    try:
+        resume = {int(p): c for p, c in positions.items()}
+    except ValueError:
+        raise bad_request("positions", "partitions are integers") from None
+    return Scan(scan["kind"], dict(args)), resume
+
+
+def _principal(info: strawberry.Info) -> Principal:
+    return context(info).principal
+
+
+def internal_fields(limits: Limits) -> list[Field]:
+    """Return the root fields _lookup, _scan and _count, bounded by limits."""
 
     def lookup(root: Any, info: strawberry.Info, store: str, reads: JSON) -> JSON | None:
-        try:
-            decoded = wire.decode_reads(reads)
-        except (ValueError, TypeError) as exc:
-            raise invalid_argument("reads", str(exc)) from None
+        check_read(_principal(info), store)
+        decoded = checked_reads(reads, limits)
         with store_errors():
             return wire.encode_lookup(_local(info).read_states(store, decoded))  # type: ignore[return-value]
 
     def scan(
         root: Any, info: strawberry.Info, store: str, scan: JSON, positions: JSON, first: int, partitions: list[int]
     ) -> JSON:
-        try:
-            request = Scan(str(scan["kind"]), dict(scan.get("args") or {}))  # type: ignore[index,attr-defined]
-            resume = {int(p): c for p, c in dict(positions).items()}  # type: ignore[call-overload]
-        except (ValueError, TypeError, KeyError) as exc:
-            raise invalid_argument("scan", f"not a scan this API sends: {exc}") from None
+        check_read(_principal(info), store)
+        request, resume = _checked_scan(scan, positions, first, partitions, limits)
         with store_errors():
             answer = _local(info).scan_pages(store, request, resume, first, partitions)
         return wire.encode_scan(answer)  # type: ignore[return-value]
 
     def count(root: Any, info: strawberry.Info, store: str, partitions: list[int], exact: bool = True) -> JSON:
+        check_read(_principal(info), store)
+        if any(p < 0 for p in partitions):
+            raise bad_request("partitions", "partitions are not negative")
         with store_errors():
             return wire.encode_count(_local(info).count(store, partitions, exact))  # type: ignore[return-value]
 
@@ -114,12 +162,19 @@ def lookup_fields(query: str | None) -> tuple[FieldNode, ...] | None:
     return _lookup_fields(query)
 
 
-def answer_lookups(local: PeerQueries, fields: tuple[FieldNode, ...], variables: Mapping[str, Any]) -> Any:
+def answer_lookups(
+    local: PeerQueries,
+    fields: tuple[FieldNode, ...],
+    variables: Mapping[str, Any],
+    principal: Principal,
+    limits: Limits,
+) -> Any:
     """Return the data of a peers' point-read document, read as the ``_lookup`` resolver reads; None if it can't.
 
     The lean path of forwarded point reads: no graphql-core execution. It answers only when every field
-    answers: a variable of the wrong type, reads that do not decode or a store read that fails leave the
-    request to graphql-core (None), which answers it with the field's own error — reads have no side effect.
+    answers: a store the caller may not read, a variable of the wrong type, reads over the limit or that
+    do not decode, or a store read that fails leave the request to graphql-core (None), which answers it
+    with the field's own error — reads have no side effect.
     """
     answers: dict[str, Any] = {}
     for field in fields:
@@ -128,10 +183,10 @@ def answer_lookups(local: PeerQueries, fields: tuple[FieldNode, ...], variables:
         if not (isinstance(store, VariableNode) and isinstance(reads, VariableNode)):
             return None
         name, encoded = variables.get(store.name.value), variables.get(reads.name.value)
-        if type(name) is not str:
+        if type(name) is not str or not principal.may_read(name):
             return None
         try:
-            answers[(field.alias or field.name).value] = local.read_states(name, wire.decode_reads(encoded))
+            answers[(field.alias or field.name).value] = local.read_states(name, checked_reads(encoded, limits))
         except Exception:  # noqa: BLE001 - graphql-core answers it, with the field's error
             return None
     return {alias: wire.encode_lookup(answer) for alias, answer in answers.items()}

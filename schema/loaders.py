@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiodataloader
 
+from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.schema.errors import api_error
 from iqgraph.stores import Key, StoreError
 
@@ -45,8 +46,18 @@ class DataLoader(aiodataloader.DataLoader[KeyT, ReturnT]):
             self.loop.call_soon(aiodataloader.dispatch_queue, self)
 
 
-async def load_batch(read: BatchRead, store: str, max_lag: int | None, keys: list[Any]) -> list[Any]:
-    """Return one result per key, in key order: the value, or the API error in place of a failed key."""
+async def load_batch(
+    read: BatchRead, store: str, max_lag: int | None, keys: list[Any], max_keys: int | None = None
+) -> list[Any]:
+    """Return one result per key, in key order: the value, or the API error in place of a failed key.
+
+    With max_keys, a batch of more keys (one store's keys of several fields) is read in chunks of at most
+    max_keys, together: a peer is never asked for more keys in one read than a client may ask for.
+    """
+    if max_keys is not None and len(keys) > max_keys:
+        chunks = [keys[i : i + max_keys] for i in range(0, len(keys), max_keys)]
+        answers = await asyncio.gather(*(load_batch(read, store, max_lag, chunk) for chunk in chunks))
+        return [result for answer in answers for result in answer]
     try:
         results = await read(store, keys, max_lag)
     except StoreError as exc:  # the whole batch failed the same way: every key reports it
@@ -62,14 +73,20 @@ class Loaders:
     one StoreQueries call and hands each item its results, in its keys' order.
     """
 
-    def __init__(self, queries: StoreQueries) -> None:
+    def __init__(self, queries: StoreQueries, max_keys: int | None = None, principal: Principal = ANONYMOUS) -> None:
         self._queries = queries
+        self.max_keys = max_keys  # keys per read at most (Limits.max_keys)
+        self.principal = principal  # a store it may not read: FORBIDDEN for the field asking, once
         self._loaders: dict[tuple[str, int | None], DataLoader[tuple[Any, ...], list[Any]]] = {}
         self.observe: BatchObserver | None = None
 
-    def _loader(self, store: str, max_lag: int | None, read: BatchRead) -> DataLoader[tuple[Any, ...], list[Any]]:
+    def _loader(
+        self, store: str, max_lag: int | None, read: BatchRead, is_store: bool = True
+    ) -> DataLoader[tuple[Any, ...], list[Any]]:
         loader = self._loaders.get((store, max_lag))
         if loader is None:
+            if is_store:  # (an owner-side field's store is checked by StoreQueries.call_many)
+                check_read(self.principal, store)
             loader = self._loaders[store, max_lag] = DataLoader(partial(self._load, read, store, max_lag))
         return loader
 
@@ -79,7 +96,7 @@ class Loaders:
         keys = list(dict.fromkeys(key for item in items for key in item))
         if self.observe is not None:
             self.observe(store, len(keys))
-        results = await load_batch(read, store, max_lag, keys)
+        results = await load_batch(read, store, max_lag, keys, self.max_keys)
         if len(items) == 1 and len(keys) == len(items[0]):  # one field's distinct keys: its results as they are
             return [results]
         found = dict(zip(keys, results, strict=True))
@@ -99,4 +116,4 @@ class Loaders:
 
     def calls(self, field: str, max_lag: int | None = None) -> DataLoader[tuple[Key, ...], list[Any]]:
         """Return the loader of an owner-side field's values (batched into call_many; its name is no store's)."""
-        return self._loader(field, max_lag, self._queries.call_many)
+        return self._loader(field, max_lag, self._queries.call_many, is_store=False)

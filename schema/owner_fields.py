@@ -31,9 +31,10 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StringTy
 from strawberry.scalars import JSON
 
 from iqgraph.schema import wire
+from iqgraph.schema.access import check_read
 from iqgraph.schema.dynamic import Arg, Field, list_of, optional, resolved_field, resolver_with
-from iqgraph.schema.errors import SchemaDefinitionError, invalid_argument, store_errors
-from iqgraph.schema.internal import _local
+from iqgraph.schema.errors import SchemaDefinitionError, store_errors
+from iqgraph.schema.internal import _local, bad_request
 from iqgraph.schema.keys import key_kind
 from iqgraph.schema.limits import Limits
 from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
@@ -145,14 +146,23 @@ def _fields(
     ]
 
 
-def call_field() -> Field:
-    """Return the internal root field _call: an owner-side field run on this node's partitions (peers only)."""
+def call_field(owner_fields: Sequence[OwnerFieldInfo], limits: Limits) -> Field:
+    """Return the internal root field _call: an owner-side field run on this node's partitions (peers only).
+
+    The caller the peer carried must be allowed to read the field's store; at most max_keys keys.
+    """
+    stores = {f.name: f.store for f in owner_fields}
 
     async def call(root: Any, info: strawberry.Info, field: str, keys: JSON) -> JSON:
+        if field not in stores:
+            raise bad_request("field", f"no owner-side field {field!r}")
+        check_read(context(info).principal, stores[field])
+        if isinstance(keys, list):
+            limits.check_keys(keys)
         try:
             calls = wire.decode_calls(keys)
         except (ValueError, TypeError) as exc:
-            raise invalid_argument("keys", str(exc)) from None
+            raise bad_request("keys", str(exc)) from None
         with store_errors():
             return wire.encode_call_answer(await _local(info).call(field, calls))  # type: ignore[return-value]
 

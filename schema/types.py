@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from iqgraph.schema.access import ANONYMOUS, Principal
+
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType
 
@@ -205,8 +207,8 @@ class StoreQueries(Protocol):
     default, else the node's); an answer from a standby reports its lag in the request's reports.
     """
 
-    def bind(self, reports: Reports, authorization: str | None = None) -> StoreQueries:
-        """Return queries for one request: its reports, and the caller's credentials for peers."""
+    def bind(self, reports: Reports, principal: Principal = ANONYMOUS) -> StoreQueries:
+        """Return queries for one request: its reports, and its caller (every store read is checked against it)."""
         ...
 
     def stores(self) -> Sequence[StoreInfo]:

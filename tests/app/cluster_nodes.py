@@ -7,8 +7,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,15 @@ class NodeProcess:
     url: str
     process: subprocess.Popen[str]
     log: Path
+    env: dict[str, str] = field(default_factory=dict)  # what the node's environment adds to ours
+    headers: dict[str, str] = field(default_factory=dict)  # what post() sends (e.g. its credentials)
 
     def post(self, query: str, variables: dict[str, Any] | None = None, **headers: str) -> dict[str, Any]:
         response = httpx.post(
-            f"{self.url}/graphql", json={"query": query, "variables": variables or {}}, headers=headers, timeout=60
+            f"{self.url}/graphql",
+            json={"query": query, "variables": variables or {}},
+            headers={**self.headers, **headers},
+            timeout=60,
         )
         result: dict[str, Any] = response.json()
         return result
@@ -83,28 +88,47 @@ def write_app_module(home: Path, name: str, topic: str, partitions: int, bootstr
     )
 
 
-def start_node(home: Path, module: str, node_id: str, port: int, flags: Sequence[str] = ()) -> NodeProcess:
-    """Start one `iqgraph serve` node of app module:app on port, its state and log in home."""
+def start_node(
+    home: Path,
+    module: str,
+    node_id: str,
+    port: int,
+    flags: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> NodeProcess:
+    """Start one `iqgraph serve` node of app module:app on port, its state and log in home.
+
+    env: more environment for the node; headers: what the returned NodeProcess's post() sends.
+    """
     log = home / f"{node_id}.log"
     command = [
         sys.executable, "-m", "iqgraph.app.cli", "serve", "--app", f"{module}:app", "--port", str(port),
         "--node-id", node_id, "--state-dir", str(home / f"state-{node_id}"),
         "--spark-master", "local[1]", "--driver-memory", "768m", *flags,
     ]  # fmt: skip
+    added = {"PYTHONPATH": str(home), "IQGRAPH_CLUSTER_SECRET": CLUSTER_SECRET, **(env or {})}
     process = subprocess.Popen(
-        command, cwd=home, env={**os.environ, "PYTHONPATH": str(home), "IQGRAPH_CLUSTER_SECRET": CLUSTER_SECRET},
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT, text=True,
+        command, cwd=home, env={**os.environ, **added}, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    return NodeProcess(node_id, f"http://127.0.0.1:{port}", process, log)
+    return NodeProcess(node_id, f"http://127.0.0.1:{port}", process, log, added, dict(headers or {}))
 
 
-def start_nodes(home: Path, module: str, count: int, extra: Sequence[Sequence[str]] = ()) -> list[NodeProcess]:
-    """Start count nodes of one static cluster (extra[i]: more flags for node i)."""
+def start_nodes(
+    home: Path,
+    module: str,
+    count: int,
+    extra: Sequence[Sequence[str]] = (),
+    env: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> list[NodeProcess]:
+    """Start count nodes of one static cluster (extra[i]: more flags for node i; env, headers: start_node's)."""
     ports = [free_port() for _ in range(count)]
     peers = ",".join(f"node-{i}=http://127.0.0.1:{port}" for i, port in enumerate(ports))
     return [
-        start_node(home, module, f"node-{i}", port, ["--peers", peers, *(extra[i] if i < len(extra) else [])])
+        start_node(
+            home, module, f"node-{i}", port, ["--peers", peers, *(extra[i] if i < len(extra) else [])], env, headers
+        )
         for i, port in enumerate(ports)
     ]
 
@@ -134,7 +158,7 @@ def restart_node(node: NodeProcess) -> NodeProcess:
     """Start a stopped node again: the same command (port, peers, state directory, flags), its log appended."""
     home = node.log.parent
     process = subprocess.Popen(
-        node.process.args, cwd=home, env={**os.environ, "PYTHONPATH": str(home)}, stdout=node.log.open("a"),
+        node.process.args, cwd=home, env={**os.environ, **node.env}, stdout=node.log.open("a"),
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    return NodeProcess(node.id, node.url, process, node.log)
+    return NodeProcess(node.id, node.url, process, node.log, node.env, node.headers)

@@ -1,19 +1,30 @@
-"""Three real nodes (uvicorn + Spark + the embedded broker) on loopback: any node answers any query."""
+"""Three real nodes (uvicorn + Spark + the embedded broker) on loopback: any node answers any query.
+
+The cluster requires authentication (JWT HS256 and API keys, docs/security.md): the tests' client sends a
+token that may read every store; the security tests check who gets what, on the node asked and on owners.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import signal
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
+import jwt
+import orjson
 import pytest
 
+from iqgraph.app.peer_auth import INTERNAL_PATH, PeerSigner
 from iqgraph.examples.shop import build_app
+from iqgraph.schema import wire
+from iqgraph.schema.access import Principal
 from iqgraph.streaming.broker import EmbeddedBroker
 from iqgraph.streaming.partitioner import partition_for
-from tests.app.cluster_nodes import NodeProcess, start_nodes, wait_ready, write_app_module
+from tests.app.cluster_nodes import CLUSTER_SECRET, NodeProcess, start_nodes, wait_ready, write_app_module
 from tests.conftest import MakeTopic
 from tests.streaming.ground_truth import Expected, expected
 from tests.streaming.test_pipeline import START_MS, send
@@ -21,6 +32,21 @@ from tests.streaming.test_pipeline import START_MS, send
 PARTITIONS = 6
 EVENTS = 3_000
 GET_MANY = "query($k: [String!]!) { orderCount { getMany(keys: $k) } }"
+JWT_SECRET = "a-test-secret-of-at-least-32-bytes!!"  # noqa: S105 - a test cluster's
+ISSUER, AUDIENCE = "https://issuer.test", "iqgraph-test"
+API_KEY = "dashboard-key-0123456789"
+
+
+def token(scope: str, **claims: Any) -> str:
+    """Return an HS256 token of the test issuer for the test audience, valid for a minute."""
+    now = int(time.time())
+    payload = {"sub": "tester", "iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + 60, "scope": scope}
+    return jwt.encode({**payload, **claims}, JWT_SECRET, algorithm="HS256")
+
+
+def bearer(scope: str, **claims: Any) -> dict[str, str]:
+    """Return the Authorization header of a token with scope."""
+    return {"authorization": f"Bearer {token(scope, **claims)}"}
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +60,24 @@ def cluster(
     send(broker, topic, events)
     home = tmp_path_factory.mktemp("cluster")
     write_app_module(home, "clusterapp", topic, PARTITIONS, broker.bootstrap_servers)
+    keys = home / "api-keys.toml"
+    digest = hashlib.sha256(API_KEY.encode()).hexdigest()
+    keys.write_text(f'[keys.dashboard]\nsha256 = "{digest}"\nscopes = ["read:order_count"]\n')
+    env = {
+        "IQGRAPH_AUTH": "jwt,api-key",
+        "IQGRAPH_JWT_SECRET": JWT_SECRET,
+        "IQGRAPH_JWT_ISSUER": ISSUER,
+        "IQGRAPH_JWT_AUDIENCE": AUDIENCE,
+        "IQGRAPH_API_KEYS": str(keys),
+    }
     # node-0 lets a standby answer (stale reads allowed); node-1 does not.
     nodes = start_nodes(
-        home, "clusterapp", 3, [["--standbys", "1", "--max-lag", "1000000"], ["--standbys", "1"], ["--standbys", "1"]]
+        home,
+        "clusterapp",
+        3,
+        [["--standbys", "1", "--max-lag", "1000000"], ["--standbys", "1"], ["--standbys", "1"]],
+        env,
+        {"authorization": f"Bearer {token('read:*', exp=int(time.time()) + 3600)}"},
     )
     try:
         wait_ready(nodes)
@@ -117,16 +158,113 @@ def test_scans_across_nodes_equal_the_union_without_gaps_or_duplicates(cluster: 
     assert items["data"]["itemsSold"]["mightContainMany"] == [True, False]
 
 
+def _internal(node: NodeProcess, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(f"{node.url}{INTERNAL_PATH}", content=body, headers=headers, timeout=30)
+
+
+def _signed(body: bytes, caller: Principal, secret: str = CLUSTER_SECRET) -> dict[str, str]:
+    return {"content-type": "application/json", **PeerSigner("node-2", secret).headers(INTERNAL_PATH, body, caller)}
+
+
 def test_a_forwarded_request_is_answered_from_local_partitions_only(cluster: Any) -> None:
     nodes, truth, _ = cluster
     key = next(k for k in sorted(truth.kv["order_count"]) if _owner(k) == "node-1")  # not hosted by node-0
     partition = partition_for(key, PARTITIONS, "string", "murmur2")
-    lookup = 'query($r: JSON!) { _lookup(store: "order_count", reads: $r) }'
-    body = nodes[0].post(lookup, {"r": [[key, None, None, [partition]]]}, **{"x-iqgraph-forwarded": "node-9"})
-    [result] = body["data"]["_lookup"]["results"]
-    assert result["error"]["extensions"]["code"] == "STORE_MIGRATED", body  # never forwarded again
-    plain = nodes[0].post(lookup, {"r": [[key, None, None, [partition]]]})
-    assert plain["errors"][0]["extensions"]["code"] == "BAD_REQUEST"  # internal fields answer peers only
+    body = orjson.dumps(
+        {"query": wire.LOOKUP, "variables": {"store": "order_count", "reads": [[key, None, None, [partition]]]}}
+    )
+    answer = _internal(nodes[0], body, _signed(body, Principal("tester", None))).json()
+    [result] = answer["data"]["_lookup"]["results"]
+    assert result["error"]["extensions"]["code"] == "STORE_MIGRATED", answer  # never forwarded again
+
+
+def test_only_signed_sub_requests_of_peers_reach_the_internal_endpoint(cluster: Any) -> None:
+    nodes, truth, _ = cluster
+    key = next(k for k in sorted(truth.kv["order_count"]) if _owner(k) == "node-1")
+    partition = partition_for(key, PARTITIONS, "string", "murmur2")
+    body = orjson.dumps(
+        {"query": wire.LOOKUP, "variables": {"store": "order_count", "reads": [[key, None, None, [partition]]]}}
+    )
+    everyone = Principal("tester", None)
+    headers = _signed(body, everyone)
+    answered = _internal(nodes[1], body, headers)
+    [result] = answered.json()["data"]["_lookup"]["results"]
+    assert answered.status_code == 200 and result == truth.kv["order_count"][key]  # a count's state is the count
+    refused = {
+        "replayed": _internal(nodes[1], body, headers),
+        "wrong secret": _internal(nodes[1], body, _signed(body, everyone, "another-secret")),
+        "altered body": _internal(nodes[1], body.replace(b"order_count", b"total_spend"), headers),
+        "marker only": _internal(nodes[1], body, {"content-type": "application/json", "x-iqgraph-node": "node-2"}),
+        "old": _internal(
+            nodes[1],
+            body,
+            {
+                **headers,
+                **PeerSigner("node-2", CLUSTER_SECRET).headers(INTERNAL_PATH, body, everyone, now=time.time() - 120),
+            },
+        ),  # fmt: skip
+    }
+    for why, response in refused.items():
+        assert response.status_code == 401, why
+        assert response.json() == {
+            "errors": [{"message": "peer authentication required", "extensions": {"code": "UNAUTHENTICATED"}}]
+        }, why
+    # the public endpoint ignores the marker: the internal fields are not there, and the public SDL has none
+    marked = nodes[1].post(wire.LOOKUP, {"store": "order_count", "reads": []}, **{"x-iqgraph-node": "node-2"})
+    assert marked["errors"][0]["extensions"]["code"] == "GRAPHQL_VALIDATION_FAILED" and "data" not in marked
+    names = nodes[1].post("{ __schema { queryType { fields { name } } } }")["data"]["__schema"]["queryType"]
+    assert not [f["name"] for f in names["fields"] if f["name"].startswith("_")]
+
+
+def test_a_client_without_valid_credentials_gets_401_and_nothing_else(cluster: Any) -> None:
+    nodes, truth, _ = cluster
+    keys = sorted(truth.kv["order_count"])[:3]
+    payload = {"query": GET_MANY, "variables": {"k": keys}}
+    expired = token("read:*", exp=int(time.time()) - 3600, iat=int(time.time()) - 7200)
+    wrong = jwt.encode({"sub": "x", "iss": ISSUER, "aud": AUDIENCE, "exp": int(time.time()) + 60, "scope": "read:*"},
+                       "another-secret-of-at-least-32-bytes!", algorithm="HS256")  # fmt: skip
+    for headers in ({}, {"authorization": "Bearer not-a-token"}, {"authorization": f"Bearer {expired}"},
+                    {"authorization": f"Bearer {wrong}"}, {"authorization": f"Bearer {token('read:*', iss='https://evil')}"},
+                    {"authorization": f"Bearer {token('read:*', aud='other')}"}, {"x-api-key": "wrong"}):  # fmt: skip
+        response = httpx.post(f"{nodes[0].url}/graphql", json=payload, headers=headers, timeout=30)
+        assert response.status_code == 401, headers
+        assert response.json() == {"errors": [{"message": "authentication required: send a valid bearer token or "
+                                               "API key", "extensions": {"code": "UNAUTHENTICATED"}}]}  # fmt: skip
+    by_key = httpx.post(f"{nodes[0].url}/graphql", json=payload, headers={"x-api-key": API_KEY}, timeout=30).json()
+    assert by_key["data"]["orderCount"]["getMany"] == [truth.kv["order_count"][k] for k in keys]
+
+
+def test_a_caller_reads_only_its_stores_and_every_owner_checks(cluster: Any) -> None:
+    nodes, truth, _ = cluster
+    keys = sorted(truth.kv["order_count"])
+    assert {_owner(k) for k in keys} == {"node-0", "node-1", "node-2"}
+    both = "query($k: [String!]!) { orderCount { getMany(keys: $k) } totalSpend { getMany(keys: $k) } }"
+    for node in nodes:
+        body = node.post(both, {"k": keys}, **bearer("read:order_count"))
+        assert body["data"]["orderCount"]["getMany"] == [truth.kv["order_count"][k] for k in keys], node.id
+        assert body["data"]["totalSpend"] == {"getMany": None}  # that field only, one error
+        [error] = body["errors"]
+        assert error["extensions"] == {"code": "FORBIDDEN", "store": "total_spend"}
+        assert error["path"] == ["totalSpend", "getMany"]
+    # the API key's scopes too; and the owner enforces the caller a peer carries, whatever the peer asks
+    dashboard = httpx.post(f"{nodes[2].url}/graphql", json={"query": both, "variables": {"k": keys}},
+                           headers={"x-api-key": API_KEY}, timeout=30).json()  # fmt: skip
+    assert [e["extensions"]["code"] for e in dashboard["errors"]] == ["FORBIDDEN"]
+    key = next(k for k in keys if _owner(k) == "node-1")
+    partition = partition_for(key, PARTITIONS, "string", "murmur2")
+    body = orjson.dumps(
+        {"query": wire.LOOKUP, "variables": {"store": "total_spend", "reads": [[key, None, None, [partition]]]}}
+    )
+    refused = _internal(nodes[1], body, _signed(body, Principal("tester", frozenset({"order_count"})))).json()
+    assert refused["data"]["_lookup"] is None and refused["errors"][0]["extensions"]["code"] == "FORBIDDEN"
+    # REST too: 401 without credentials, 403 for a store the caller may not read
+    rest = f"{nodes[0].url}/stores/total_spend/keys/{key}"
+    assert httpx.get(rest, timeout=30).status_code == 401
+    forbidden = httpx.get(rest, headers=bearer("read:order_count"), timeout=30)
+    assert forbidden.status_code == 403 and forbidden.json()["errors"][0]["extensions"]["code"] == "FORBIDDEN"
+    assert httpx.get(rest, headers=bearer("read:total_spend"), timeout=30).json()["value"] == pytest.approx(
+        truth.kv["total_spend"][key]
+    )
 
 
 def test_when_a_node_dies_standbys_answer_with_lag_or_keys_fail_clearly(cluster: Any) -> None:

@@ -229,6 +229,7 @@ def test_dev_serves_a_users_app_from_a_file_and_stops_cleanly_on_ctrl_c(tmp_path
         assert "created topics bookings (9 partitions)" in dev.read_until("created topics")
         assert "produced 300 records from data.jsonl" in dev.read_until("produced")
         assert f"GraphiQL at http://127.0.0.1:{port}/graphql" in dev.read_until("GraphiQL at")
+        assert "auth off: any client may read every store (docs/security.md turns it on)" in dev.read_until("auth")
         dev.read_until("an example query")
         query = dev.read_block("}")
         dev.read_until("Ctrl-C stops everything")

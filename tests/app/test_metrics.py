@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from iqgraph.app.membership import Member
 from iqgraph.app.metrics import UNKNOWN_PEER, NodeMetrics, tracing_extensions
+from iqgraph.app.peer_auth import INTERNAL_PATH
 from iqgraph.examples.shop import build_app
 from iqgraph.schema.types import NodeInfo, PartitionInfo
 from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
@@ -187,14 +188,15 @@ def test_graphql_requests_and_lookups_are_counted_over_http(ingested: Ingested) 
 
 
 @pytest.mark.slow
-def test_a_forged_forwarded_header_is_counted_as_unknown(ingested: Ingested) -> None:
+def test_only_authenticated_peers_are_counted_as_forwarding(ingested: Ingested) -> None:
     node = ingested.node
     before = scrape(node.url)
-    node.post("{ node { id } }", **{"x-iqgraph-forwarded": "evil"})
-    node.post("{ node { id } }", **{"x-iqgraph-forwarded": "node-m"})  # a member of the map: this node itself
+    node.post("{ node { id } }", **{"x-iqgraph-node": "evil", "x-iqgraph-forwarded": "evil"})
+    forged = httpx.post(f"{node.url}{INTERNAL_PATH}", json={"query": "{ node { id } }"}, timeout=10,
+                        headers={"x-iqgraph-node": "node-m", "x-iqgraph-signature": "0" * 64})  # fmt: skip
+    assert forged.status_code == 401
     after = scrape(node.url)
     received = "iqgraph_forwarded_received_total"
-    assert after.value(received, peer="unknown") - before.value(received, peer="unknown") == 1
-    assert after.value(received, peer="node-m") - before.value(received, peer="node-m") == 1
-    assert {labels["peer"] for labels in after.labels(received)} <= {"unknown", "node-m"}
+    assert after.value(received, peer="node-m") == before.value(received, peer="node-m")
+    assert after.value(received, peer="unknown") == before.value(received, peer="unknown")
     assert after.value(received, peer="evil") == 0

@@ -322,15 +322,22 @@ async def test_a_partition_not_hosted_fails_its_keys_for_another_replica(local: 
 # -- three in-process nodes over the same partition databases; peers over ASGI --------------------------------
 
 
+SECRET = "in-process-cluster"  # noqa: S105 - a test's
+
+
 class _Router:
-    """Route each peer's request to its node's GraphQL app by host."""
+    """Route each request to its node's GraphQL app by host: clients' /graphql, peers' internal endpoint."""
 
     def __init__(self) -> None:
         self.apps: dict[str, Any] = {}
+        self.internal: dict[str, Any] = {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from iqgraph.app.peer_auth import INTERNAL_PATH
+
         host = dict(scope["headers"]).get(b"host", b"").decode()
-        await self.apps[host](scope, receive, send)
+        apps = self.internal if scope["path"] == INTERNAL_PATH else self.apps
+        await apps[host](scope, receive, send)
 
 
 def _cluster(app: App, hosted: Hosted, partitioner: str, n: int = 3) -> tuple[list[Any], _Router]:
@@ -338,8 +345,10 @@ def _cluster(app: App, hosted: Hosted, partitioner: str, n: int = 3) -> tuple[li
     from iqgraph.app.local_partitions import entity_infos
     from iqgraph.app.membership import Member, StaticMembership
     from iqgraph.app.owner_fields import owner_field_infos
+    from iqgraph.app.peer_auth import PeerGate, PeerVerifier
     from iqgraph.app.peers import PeerClient
     from iqgraph.schema import GraphQLApp, Limits, build_schema
+    from iqgraph.schema.builder import build_internal_schema
 
     members = [Member(f"node-{i}", f"http://node{i}.test") for i in range(n)]
     router = _Router()
@@ -361,15 +370,17 @@ def _cluster(app: App, hosted: Hosted, partitioner: str, n: int = 3) -> tuple[li
             {**MARKET_TYPES, "spend_per_item": DoubleType()},
             local,
             membership,
-            PeerClient(member.id),
+            PeerClient(member.id, secret=SECRET),
             retry=RetryPolicy(50),
             partitioner=lambda t: partitioner,
         )
         schema = build_schema(
             queries.stores(), Limits(), entities=entity_infos(app), owner_fields=owner_field_infos(app)
         )
-        gql = GraphQLApp(schema, queries, Limits(), local=local)
+        gql = GraphQLApp(schema, queries, Limits())
+        internal = GraphQLApp(build_internal_schema(Limits(), owner_field_infos(app)), queries, Limits(), local=local)
         router.apps[member.url.removeprefix("http://")] = gql
+        router.internal[member.url.removeprefix("http://")] = PeerGate(internal, PeerVerifier(SECRET))
         nodes.append((member, queries, gql))
     return nodes, router
 

@@ -1,4 +1,4 @@
-"""The peer client against a real HTTP server on loopback: marker and Authorization headers, errors."""
+"""The peer client against a real HTTP server on loopback: signed sub-requests carrying the caller, errors."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from iqgraph.app.peer_auth import INTERNAL_PATH, PeerVerifier
 from iqgraph.app.peers import PeerClient, PeerError, PeerUnavailableError
 from iqgraph.schema import wire
-from iqgraph.schema.asgi import FORWARDED_HEADER
+from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.types import Answer
 from iqgraph.streaming.broker import free_port
 
@@ -44,7 +45,7 @@ def _lookups(variables: dict[str, Any]) -> JSONResponse:
 
 async def graphql(request: Request) -> JSONResponse:
     body = await request.json()
-    SEEN.append({"headers": dict(request.headers), "body": body})
+    SEEN.append({"headers": dict(request.headers), "body": body, "raw": await request.body(), "path": request.url.path})
     if "s0" in body["variables"]:
         return _lookups(body["variables"])
     if "reads" in body["variables"]:  # one store: the plain _lookup document
@@ -62,7 +63,7 @@ def peer_url() -> Iterator[str]:
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
-            Starlette(routes=[Route("/graphql", graphql, methods=["POST"])]),
+            Starlette(routes=[Route(INTERNAL_PATH, graphql, methods=["POST"])]),
             host="127.0.0.1",
             port=port,
             log_level="error",
@@ -77,13 +78,15 @@ def peer_url() -> Iterator[str]:
     thread.join(timeout=10)
 
 
-async def test_forwarded_requests_carry_the_marker_and_the_callers_authorization(peer_url: str) -> None:
-    client = PeerClient("node-7")
-    answer = await client.count(peer_url, "order_count", [1, 4], True, "Bearer secret")
+async def test_forwarded_requests_are_signed_and_carry_the_caller(peer_url: str) -> None:
+    client = PeerClient("node-7", secret="s3cret")  # noqa: S106 - a test secret
+    alice = Principal("alice", frozenset({"order_count"}))
+    answer = await client.count(peer_url, "order_count", [1, 4], True, alice)
     assert (answer.value, answer.positions, answer.lags) == ({1: 40, 4: 2}, {1: 7}, {1: 0})
     request = SEEN[-1]
-    assert request["headers"][FORWARDED_HEADER] == "node-7"
-    assert request["headers"]["authorization"] == "Bearer secret"
+    assert request["path"] == INTERNAL_PATH
+    assert PeerVerifier("s3cret").verify("POST", INTERNAL_PATH, request["headers"], request["raw"]) == ("node-7", alice)
+    assert "authorization" not in request["headers"]  # the client's token never travels to peers
     assert request["body"]["variables"] == {"store": "order_count", "partitions": [1, 4], "exact": True}
     assert client.sent[peer_url] == 1
 
@@ -91,11 +94,10 @@ async def test_forwarded_requests_carry_the_marker_and_the_callers_authorization
 async def test_peer_errors_keep_their_code_and_dead_peers_are_unavailable(peer_url: str) -> None:
     client = PeerClient("node-7", timeout_s=1.0)
     with pytest.raises(PeerError) as failed:
-        await client.count(peer_url, "broken", [0], True, None)
+        await client.count(peer_url, "broken", [0], True, ANONYMOUS)
     assert failed.value.code == "UNKNOWN_STORE"
-    assert "authorization" not in SEEN[-1]["headers"]
     with pytest.raises(PeerUnavailableError):
-        await client.count(f"http://127.0.0.1:{free_port()}", "order_count", [0], True, None)
+        await client.count(f"http://127.0.0.1:{free_port()}", "order_count", [0], True, ANONYMOUS)
 
 
 async def test_lookups_of_several_stores_for_one_peer_go_out_as_one_request_each_with_its_answer(
@@ -105,7 +107,7 @@ async def test_lookups_of_several_stores_for_one_peer_go_out_as_one_request_each
     stores = ["order_count", "total_spend", "broken", "latest_order", "orders_per_minute"]
     before = len(SEEN)
     answers = await asyncio.gather(
-        *(client.lookup(peer_url, store, [(("c-1", None, None), (0,)), (("c-2", None, None), (0,))], False, None)
+        *(client.lookup(peer_url, store, [(("c-1", None, None), (0,)), (("c-2", None, None), (0,))], False, ANONYMOUS)
           for store in stores),
         return_exceptions=True,
     )  # fmt: skip
@@ -117,7 +119,7 @@ async def test_lookups_of_several_stores_for_one_peer_go_out_as_one_request_each
             assert isinstance(answer, Answer) and answer.value == [[store, "c-1"], [store, "c-2"]]
             assert answer.positions == {0: 3}
     # alone, a lookup keeps the one-field document
-    await client.lookup(peer_url, "order_count", [(("c-3", None, None), (0,))], False, None)
+    await client.lookup(peer_url, "order_count", [(("c-3", None, None), (0,))], False, ANONYMOUS)
     assert SEEN[-1]["body"]["query"] == wire.LOOKUP
 
 
@@ -125,7 +127,7 @@ async def test_a_malformed_answer_to_coalesced_lookups_fails_each_of_them_and_ha
     client = PeerClient("node-7")
     reads = [(("c-1", None, None), (0,))]
     answers = await asyncio.wait_for(
-        asyncio.gather(*(client.lookup(peer_url, s, reads, False, None) for s in ("garbled", "order_count")),
+        asyncio.gather(*(client.lookup(peer_url, s, reads, False, ANONYMOUS) for s in ("garbled", "order_count")),
                        return_exceptions=True),
         timeout=10,
     )  # fmt: skip

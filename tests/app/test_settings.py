@@ -33,3 +33,24 @@ def test_a_spark_conf_that_is_not_a_table_says_so(tmp_path: Path) -> None:
         SettingsError, match=r"spark_conf must be a table of Spark settings, e.g. \[iqgraph.spark_conf\]"
     ):
         load_settings({}, env={}, config=config)
+
+
+def test_security_settings_say_what_to_fix_and_describe_themselves() -> None:
+    jwt_flags = {"auth": "jwt", "jwt_secret": "s" * 32, "jwt_issuer": "https://i", "jwt_audience": "a"}
+    on = load_settings({**jwt_flags, "introspection": "false", "tls_cert": "c.pem", "tls_key": "k.pem"}, env={})
+    assert on.auth_methods == {"jwt"}
+    assert on.describe_security() == "auth on (jwt): clients need credentials; introspection off; HTTPS"
+    assert on.url == "https://127.0.0.1:8000"
+    assert load_settings({}, env={}).describe_security().startswith("auth off: any client may read every store")
+    refused = {
+        "auth must be 'none', 'jwt'": {"auth": "ldap"},
+        "needs one of jwt_secret": {"auth": "jwt", "jwt_issuer": "i", "jwt_audience": "a"},
+        "issuer and audience": {"auth": "jwt", "jwt_secret": "s" * 32},
+        "needs a keys file": {"auth": "api-key"},
+        "IQGRAPH_CLUSTER_SECRET": {"peers": "node-0=http://a:1,node-1=http://b:1"},
+        "both a certificate and its key": {"tls_cert": "c.pem"},
+    }
+    for message, flags in refused.items():
+        with pytest.raises(SettingsError, match=message):
+            load_settings(flags, env={})
+    assert load_settings({"membership": "kafka"}, env={"IQGRAPH_CLUSTER_SECRET": "x"}).cluster_secret == "x"  # noqa: S105

@@ -60,7 +60,7 @@ CDN_CONTROL = """<!doctype html><html><body><p id="result">pending</p>
 <script>document.getElementById("result").textContent = "react is " + typeof React;</script></body></html>"""
 
 
-def served_app(hosted: Hosted) -> Starlette:
+def served_app(hosted: Hosted) -> Any:
     """Return production's ASGI app (build_asgi, of a node that is not started) plus a CDN control page."""
     from iqgraph.app.node import Node
     from iqgraph.app.server import build_asgi
@@ -72,8 +72,12 @@ def served_app(hosted: Hosted) -> Starlette:
         return HTMLResponse(CDN_CONTROL)
 
     served = build_asgi(Node(Settings(app="shop:app"), shop_app()), GraphQLApp(api.schema, api.queries, api.limits))
-    served.router.routes.append(Route("/control", cdn_control))
-    return served
+    control = Starlette(routes=[Route("/control", cdn_control)])
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await (control if scope.get("path") == "/control" else served)(scope, receive, send)
+
+    return app
 
 
 def assets(page: str) -> dict[str, str]:

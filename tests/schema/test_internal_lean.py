@@ -1,7 +1,8 @@
-"""The lean path of peers' forwarded point reads (schema.internal.answer_lookups) against graphql-core's ``_lookup``.
+"""The internal endpoint's lean path of peers' point reads (schema.internal.answer_lookups) against graphql-core's.
 
-Each forwarded request goes to two apps over the same partitions — compiled (lean) and graphql-core alone —
+Each forwarded request goes to two internal apps over the same partitions — lean and graphql-core alone —
 and must get the same status, Content-Type and body bytes; the requests it must answer, it answers lean.
+The caller a peer carries is checked on both paths (FORBIDDEN), and the public limits bound both.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
-from iqgraph.schema import GraphQLApp, build_schema
-from iqgraph.schema.asgi import FORWARDED_HEADER
+from iqgraph.schema import GraphQLApp, Limits
+from iqgraph.schema.access import PRINCIPAL_SCOPE_KEY, Principal
+from iqgraph.schema.builder import build_internal_schema
 from iqgraph.schema.internal import lookup_fields
 from iqgraph.schema.wire import lookup_variables, lookups
 from tests.schema.apps import shop_partition
@@ -21,7 +23,6 @@ from tests.schema.conftest import Api, DifferentialASGI, _comparable
 FORWARDED = [
     (b"content-type", b"application/json"),
     (b"accept", b"application/graphql-response+json"),
-    (FORWARDED_HEADER.encode(), b"node-1"),
 ]
 
 
@@ -34,12 +35,16 @@ class _LeanCounting(GraphQLApp):
         return found
 
 
-async def _post(app: GraphQLApp, body: bytes, headers: list[tuple[bytes, bytes]]) -> Any:
+async def _post(
+    app: GraphQLApp, body: bytes, headers: list[tuple[bytes, bytes]], caller: Principal | None = None
+) -> Any:
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
         "path": "/graphql", "raw_path": b"/graphql", "query_string": b"", "root_path": "", "headers": headers,
         "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
     }  # fmt: skip
+    if caller is not None:
+        scope[PRINCIPAL_SCOPE_KEY] = caller
     return await DifferentialASGI._answer(app, scope, [{"type": "http.request", "body": body, "more_body": False}])
 
 
@@ -69,8 +74,8 @@ FALLBACK = [
 @pytest.fixture
 def apps(shop: Api) -> tuple[_LeanCounting, GraphQLApp]:
     local = shop.queries.local
-    lean = _LeanCounting(shop.schema, shop.queries, shop.limits, local=local)
-    reference = GraphQLApp(shop.reference, shop.queries, shop.limits, local=local, compiled=False)
+    lean = _LeanCounting(build_internal_schema(shop.limits), shop.queries, shop.limits, local=local)
+    reference = GraphQLApp(build_internal_schema(shop.limits), shop.queries, shop.limits, local=local, compiled=False)
     return lean, reference
 
 
@@ -86,24 +91,34 @@ async def test_forwarded_lookups_answer_as_graphql_core(
     assert lean.lean == (batches in GOOD)
 
 
-async def test_not_forwarded_or_other_documents_are_not_lean(apps: tuple[_LeanCounting, GraphQLApp]) -> None:
-    lean, reference = apps
+async def test_other_documents_are_not_lean_and_the_public_schema_has_no_internal_fields(
+    apps: tuple[_LeanCounting, GraphQLApp], shop: Api
+) -> None:
     variables, _ = lookup_variables(GOOD[0])
     body = orjson.dumps({"query": lookups(1), "variables": variables})
-    not_forwarded = FORWARDED[:2]
-    assert _comparable(await _post(lean, body, not_forwarded)) == _comparable(
-        await _post(reference, body, not_forwarded)
-    )
-    assert lean.lean == 0
+    public = _LeanCounting(shop.schema, shop.queries, shop.limits)
+    start, answer = await _post(public, body, FORWARDED)
+    assert start["status"] == 422 and public.lean == 0  # a validation error: no such field
+    assert b"Cannot query field '_lookup'" in answer["body"]
     assert lookup_fields(lookups(1) + " ") is None
     assert lookup_fields(lookups(51)) is None
     assert [f.alias.value for f in lookup_fields(lookups(3)) or () if f.alias] == ["l0", "l1", "l2"]
 
 
-async def test_lean_lookups_need_the_compiled_schema(shop: Api) -> None:
-    local = shop.queries.local
-    plain = _LeanCounting(build_schema(shop.queries.stores(), shop.limits, compiled=False), shop.queries, local=local)
-    variables, _ = lookup_variables(GOOD[0])
-    answer = await _post(plain, orjson.dumps({"query": lookups(1), "variables": variables}), FORWARDED)
-    assert answer[0]["status"] == 200
-    assert plain.lean == 0
+async def test_the_carried_caller_and_the_limits_bound_both_paths(apps: tuple[_LeanCounting, GraphQLApp]) -> None:
+    lean, reference = apps
+    variables, _ = lookup_variables([("order_count", [_reads("customer-01")]), ("latest_order", [_reads("c-2")])])
+    body = orjson.dumps({"query": lookups(2), "variables": variables})
+    reader = Principal("reader", frozenset({"latest_order"}))
+    answered, expected = await _post(lean, body, FORWARDED, reader), await _post(reference, body, FORWARDED, reader)
+    assert _comparable(answered) == _comparable(expected)
+    response = orjson.loads(answered[1]["body"])
+    assert response["data"]["l0"] is None and response["data"]["l1"] is not None
+    assert [e["extensions"]["code"] for e in response["errors"]] == ["FORBIDDEN"]
+    assert lean.lean == 0  # a forbidden store leaves it to graphql-core, which says so per field
+    few = Limits(max_keys=2)
+    small = _LeanCounting(build_internal_schema(few), lean._queries, few, local=lean._local)
+    variables, _ = lookup_variables([("order_count", [_reads(f"customer-0{i}") for i in range(1, 4)])])
+    _, over = await _post(small, orjson.dumps({"query": lookups(1), "variables": variables}), FORWARDED)
+    assert orjson.loads(over["body"])["errors"][0]["extensions"]["code"] == "LIMIT_EXCEEDED"
+    assert small.lean == 0

@@ -153,7 +153,7 @@ def test_fields_are_typed_in_the_sdl(api: OwnerApi) -> None:
         assert field in summary
     assert "): String\n" in sdl[sdl.index("  fragile(") :]
     assert "): Float\n" in sdl[sdl.index("  slow(") :]
-    assert "_call(" in sdl
+    assert "_call(" not in sdl  # the internal endpoint's (build_internal_schema)
 
 
 async def test_values_equal_ground_truth_in_one_call_per_request(api: OwnerApi) -> None:
@@ -361,24 +361,36 @@ def test_without_owner_fields_the_schema_is_unchanged(api: OwnerApi) -> None:
 
 
 async def test_a_peer_answers_call_from_its_own_partitions_in_the_wire_format(api: OwnerApi) -> None:
+    from iqgraph.app.owner_fields import owner_field_infos
     from iqgraph.schema import wire
+    from iqgraph.schema.access import Principal
+    from iqgraph.schema.builder import build_internal_schema
     from iqgraph.schema.context import request_context
     from iqgraph.streaming.partitioner import partition_for
 
     keys = ["customer-01", "customer-03"]
     calls = [(k, (partition_for(k, PARTITIONS, "string", "murmur2"),)) for k in keys]
     variables = {"field": "fragile", "keys": wire.encode_calls(calls)}
+    internal = build_internal_schema(api.limits, owner_field_infos(api.app))
     forwarded = request_context(api.queries, api.limits, local=api.queries.local)
-    result = await api.schema.execute(wire.CALL, variable_values=variables, context_value=forwarded)
+    result = await internal.execute(wire.CALL, variable_values=variables, context_value=forwarded)
     assert result.errors is None and result.data is not None
     answer = wire.decode_call_answer(result.data["_call"])
     assert answer.value[0].found and answer.value[0].value.startswith("customer-01: ")
     assert answer.value[1].found and answer.value[1].value.code == "INTERNAL"
     assert sorted(answer.positions) == sorted({p for _, (p,) in calls})
-    # a client (not a peer) may not call it
+    # the public schema has no _call; the caller a peer carries must be allowed the field's store
     client = context_getter(api.queries, api.limits)()
     refused = await api.schema.execute(wire.CALL, variable_values=variables, context_value=client)
-    assert refused.errors is not None and refused.errors[0].formatted["extensions"]["code"] == "BAD_REQUEST"
+    assert refused.errors is not None and any("Cannot query field '_call'" in e.message for e in refused.errors)
+    stranger = Principal("stranger", frozenset({"latest_order"}))
+    forbidden = request_context(api.queries, api.limits, local=api.queries.local, principal=stranger)
+    denied = await internal.execute(wire.CALL, variable_values=variables, context_value=forbidden)
+    assert denied.errors is not None and denied.errors[0].formatted["extensions"]["code"] == "FORBIDDEN"
+    assert denied.errors[0].formatted["extensions"]["store"] == owner_field_infos(api.app)[0].store
+    too_many = {"field": "fragile", "keys": wire.encode_calls(calls * api.limits.max_keys)}
+    over = await internal.execute(wire.CALL, variable_values=too_many, context_value=forwarded)
+    assert over.errors is not None and over.errors[0].formatted["extensions"]["code"] == "LIMIT_EXCEEDED"
 
 
 def test_a_boxed_value_shaped_like_an_error_is_a_value() -> None:

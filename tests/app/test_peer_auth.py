@@ -1,0 +1,93 @@
+"""Peers' signed sub-requests (app.peer_auth): what verifies, what is refused, and the gate in front of the app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from iqgraph.app.peer_auth import (
+    INTERNAL_PATH,
+    PEER_SCOPE_KEY,
+    NonceCache,
+    PeerAuthError,
+    PeerGate,
+    PeerSigner,
+    PeerVerifier,
+)
+from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY, Principal
+
+SECRET = "cluster-secret"  # noqa: S105 - a test's
+BODY = b'{"query":"{ node { id } }","variables":{}}'
+ALICE = Principal("alice", frozenset({"order_count"}))
+
+
+def _headers(body: bytes = BODY, caller: Principal = ALICE, now: float = 1_000.0) -> dict[str, str]:
+    return PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, body, caller, now=now)
+
+
+def test_a_signed_request_verifies_once_with_its_sender_and_caller() -> None:
+    verifier = PeerVerifier(SECRET)
+    headers = _headers()
+    assert verifier.verify("POST", INTERNAL_PATH, headers, BODY, now=1_010.0) == ("node-1", ALICE)
+    with pytest.raises(PeerAuthError, match="replayed"):
+        verifier.verify("POST", INTERNAL_PATH, headers, BODY, now=1_011.0)
+    everyone = _headers(caller=ANONYMOUS)
+    assert verifier.verify("POST", INTERNAL_PATH, everyone, BODY, now=1_000.0)[1] == ANONYMOUS
+
+
+@pytest.mark.parametrize(
+    ("why", "change"),
+    [
+        ("bad signature", lambda h, b: ({**h, "x-iqgraph-signature": "0" * 64}, b, 1_000.0, SECRET, "POST")),
+        ("bad signature", lambda h, b: (h, b + b" ", 1_000.0, SECRET, "POST")),  # the body changed
+        ("bad signature", lambda h, b: ({**h, "x-iqgraph-node": "node-2"}, b, 1_000.0, SECRET, "POST")),
+        ("bad signature", lambda h, b: ({**h, "x-iqgraph-caller": _headers(caller=ANONYMOUS)["x-iqgraph-caller"]},
+                                        b, 1_000.0, SECRET, "POST")),  # fmt: skip
+        ("bad signature", lambda h, b: (h, b, 1_000.0, "another-secret", "POST")),
+        ("bad signature", lambda h, b: (h, b, 1_000.0, SECRET, "GET")),
+        ("timestamp", lambda h, b: (h, b, 1_031.0, SECRET, "POST")),  # too old
+        ("timestamp", lambda h, b: (h, b, 969.0, SECRET, "POST")),  # from the future
+        ("no x-iqgraph-signature", lambda h, b: ({k: v for k, v in h.items() if k != "x-iqgraph-signature"},
+                                                 b, 1_000.0, SECRET, "POST")),  # fmt: skip
+    ],
+)
+def test_anything_altered_stale_or_missing_is_refused(why: str, change: Any) -> None:
+    headers, body, now, secret, method = change(_headers(), BODY)
+    with pytest.raises(PeerAuthError, match=why):
+        PeerVerifier(secret).verify(method, INTERNAL_PATH, headers, body, now=now)
+
+
+def test_the_nonce_cache_forgets_after_the_window_and_refuses_when_full() -> None:
+    cache = NonceCache(window_s=30, max_size=2)
+    assert cache.first_use("a", 0.0) and not cache.first_use("a", 59.0)
+    assert cache.first_use("b", 1.0)
+    assert not cache.first_use("c", 2.0)  # full: it refuses rather than forget a nonce still in the window
+    assert cache.first_use("a", 61.0)  # expired (twice the window: a timestamp may be up to it ahead)
+
+
+async def test_the_gate_gives_the_app_the_same_body_sender_and_caller_and_refuses_the_rest() -> None:
+    seen: list[tuple[bytes, str, Principal]] = []
+    received: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        message = await receive()
+        seen.append((message["body"], scope[PEER_SCOPE_KEY], scope[PRINCIPAL_SCOPE_KEY]))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    gate = PeerGate(app, PeerVerifier(SECRET), received.append, max_body_bytes=1_000)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://node") as client:
+        signed = PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, BODY, ALICE)
+        assert (await client.post(INTERNAL_PATH, content=BODY, headers=signed)).status_code == 200
+        replayed = await client.post(INTERNAL_PATH, content=BODY, headers=signed)
+        unsigned = await client.post(INTERNAL_PATH, content=BODY, headers={"x-iqgraph-forwarded": "node-1"})
+        big = b"x" * 2_000
+        too_big = await client.post(
+            INTERNAL_PATH, content=big, headers=PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, big, ALICE)
+        )
+    assert seen == [(BODY, "node-1", ALICE)] and received == ["node-1"]
+    for refused in (replayed, unsigned, too_big):
+        assert refused.status_code == 401
+        assert refused.json()["errors"][0]["extensions"] == {"code": "UNAUTHENTICATED"}
