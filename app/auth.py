@@ -109,6 +109,7 @@ class JwksKeys:
         self._fetched_at = clock() if initial is not None else None
         self._next_try = -math.inf  # earliest unscheduled fetch: refetch for an unknown kid, retry after failure
         self._lock = asyncio.Lock()
+        self._background: asyncio.Task[None] | None = None  # the refresh of a stale set, while one runs
 
     @classmethod
     def from_setting(cls, source: str, clock: Callable[[], float] = time.monotonic) -> JwksKeys:
@@ -133,6 +134,10 @@ class JwksKeys:
         found = self._fresh(kid)
         if found is not None:
             return found
+        stale = self._keys.get(kid)
+        if stale is not None:  # only old: answer with it now and refresh in the background (a slow issuer
+            self._refresh_in_background()  # must not hold every request)
+            return stale
         async with self._lock:  # one refresh at a time; the waiting requests then find its keys
             found = self._fresh(kid)
             if found is None:
@@ -147,6 +152,17 @@ class JwksKeys:
             return None
         return self._keys.get(kid)
 
+    def _refresh_in_background(self) -> None:
+        if self._background is not None and not self._background.done():
+            return
+
+        async def refresh() -> None:
+            async with self._lock:
+                if self._fetched_at is None or self._clock() - self._fetched_at >= JWKS_MAX_AGE_S:
+                    await self._refresh()
+
+        self._background = asyncio.get_running_loop().create_task(refresh())
+
     async def _refresh(self) -> None:
         now = self._clock()
         scheduled = self._fetched_at is None or now - self._fetched_at >= JWKS_MAX_AGE_S
@@ -155,7 +171,7 @@ class JwksKeys:
         try:
             keys = await asyncio.to_thread(self._load)
         except _LOAD_ERRORS as exc:
-            self._next_try = now + REFETCH_INTERVAL_S
+            self._next_try = self._clock() + REFETCH_INTERVAL_S  # from the failure: a slow fetch is not retried at once
             log.warning("cannot refresh the JWKS from %s (keeping %d keys): %s", self.source, len(self._keys), exc)
             return
         if not scheduled:

@@ -22,6 +22,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
 from iqgraph.app.merging import combiner
+from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.types import (
     Answer,
     EntityInfo,
@@ -303,6 +304,8 @@ class LocalPartitions:
 
         return OwnerFieldRunner(self)
 
-    async def call(self, field: str, calls: Sequence[tuple[Key, tuple[int, ...]]]) -> Answer[list[Any]]:
-        """Return an owner-side field's value per (key, partitions), run on this node (app.owner_fields)."""
-        return await self.owner_fields.call(field, calls)
+    async def call(
+        self, field: str, calls: Sequence[tuple[Key, tuple[int, ...]]], caller: Principal = ANONYMOUS
+    ) -> Answer[list[Any]]:
+        """Return an owner-side field's value per (key, partitions), run on this node for caller (app.owner_fields)."""
+        return await self.owner_fields.call(field, calls, caller)

@@ -124,7 +124,7 @@ async def call_many(queries: ClusterStoreQueries, field: str, keys: Sequence[Key
         here = list(group.reads)
         calls = [(keys[i], tuple(group.reads[b])) for b in here for i in members[b]]
         if server.node == queries.node_id:
-            answer = await queries.local.call(field, calls)
+            answer = await queries.local.call(field, calls, queries.principal)
         else:
             variables = {"field": field, "keys": wire.encode_calls(calls)}
             data = await queries.peers.query(queries._url(server.node), wire.CALL, variables, queries.principal)

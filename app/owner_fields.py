@@ -44,6 +44,7 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructTy
 from iqgraph.app.local_partitions import FAR_FUTURE, FAR_PAST, definition_of
 from iqgraph.app.owner_views import StoreViews
 from iqgraph.app.peers import OWNER_FIELD_MAX_TIMEOUT_S
+from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.errors import INTERNAL, STORE_MIGRATED, STORE_NOT_READY, TIMEOUT, ApiError, api_error
 from iqgraph.schema.owner_fields import value_converter
 from iqgraph.schema.types import Answer, OwnerFieldInfo
@@ -336,8 +337,11 @@ class OwnerFieldRunner:
         """Return how many worker threads are left running a function past its key's timeout."""
         return self._workers.stuck
 
-    async def call(self, field: str, calls: Sequence[Call]) -> Answer[list[Any]]:
-        """Return field's value per (key, partitions), in call order: an Owned, or a replica's error."""
+    async def call(self, field: str, calls: Sequence[Call], caller: Principal = ANONYMOUS) -> Answer[list[Any]]:
+        """Return field's value per (key, partitions), in call order: an Owned, or a replica's error.
+
+        caller: whom the function reads for (a store it may not read is that key's FORBIDDEN).
+        """
         arrived = time.monotonic()
         app = self.local.app
         owner = owner_field_of(app, field)
@@ -358,7 +362,7 @@ class OwnerFieldRunner:
                 for i in indexes:
                     answer.value[i] = found
                 continue
-            views = StoreViews(self.local, routing, partitions)
+            views = StoreViews(self.local, routing, partitions, caller)
             runs += indexes
             jobs += [(key, views, f) for key, f in zip(keys, found, strict=True)]
         for i, value in zip(runs, await self._run_all(run, jobs, arrived), strict=True):

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from iqgraph.app.local_partitions import FAR_FUTURE, FAR_PAST, definition_of
 from iqgraph.app.merging import combiner, finalize, key_codec
+from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.stores import Key, KeyCodec, StoreKind, WindowedValue
 
 if TYPE_CHECKING:
@@ -161,14 +162,21 @@ class BloomView(_View):
 class StoreViews:
     """The read-only views one call of an owner-side field gets: the stores on this node, for its key.
 
-    It keeps a closure that opens a store's view (``_open``), not the node's partitions.
+    It keeps a closure that opens a store's view (``_open``), not the node's partitions. A store the caller
+    may not read is FORBIDDEN when the function opens it (schema.access): that key's error.
     """
 
     __slots__ = ("_cache", "_open")
 
-    def __init__(self, local: LocalPartitions, routing: StoreDefinition, partitions: Sequence[int]) -> None:
+    def __init__(
+        self,
+        local: LocalPartitions,
+        routing: StoreDefinition,
+        partitions: Sequence[int],
+        caller: Principal = ANONYMOUS,
+    ) -> None:
         self._cache: dict[tuple[str, StoreKind], Any] = {}
-        self._open = _opener(local, routing, tuple(partitions))
+        self._open = _opener(local, routing, tuple(partitions), caller)
 
     def kv(self, store: str) -> KeyValueView:
         """Return a read-only view of the key-value store called store."""
@@ -190,11 +198,12 @@ class StoreViews:
 
 
 def _opener(
-    local: LocalPartitions, routing: StoreDefinition, partitions: tuple[int, ...]
+    local: LocalPartitions, routing: StoreDefinition, partitions: tuple[int, ...], caller: Principal
 ) -> Callable[[str, StoreKind, type[_View]], _View]:
     """Return a function opening a view of a store for the call's partitions (local is only in its closure)."""
 
     def open_view(store: str, kind: StoreKind, cls: type[_View]) -> _View:
+        check_read(caller, store)
         app = local.app
         definition = definition_of(app, store, kind)
         # the partitions' own checks: not hosted -> STORE_MIGRATED, not queryable -> STORE_NOT_READY

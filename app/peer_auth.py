@@ -139,7 +139,7 @@ class PeerVerifier:
         except KeyError as exc:
             raise PeerAuthError(f"no {exc.args[0]} header") from None
         expected = _signature(self._secret, method, path, body, timestamp, nonce, node, caller)
-        if not hmac.compare_digest(expected, signature):
+        if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace")):
             raise PeerAuthError("bad signature")
         try:
             sent = float(timestamp)

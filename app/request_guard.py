@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping
 from typing import Any, Protocol
 
 from iqgraph.schema import http_spec
@@ -134,7 +134,7 @@ class _Guarded:
 
     async def _read_body(self) -> bytes | None:
         """Return the request's body, at most max_body_bytes (413 past them); None if the client went away."""
-        limit = self.guard.max_body_bytes
+        limit = self.guard.body_bytes.get(self.scope["path"], self.guard.max_body_bytes)
         length = content_length(self.scope)
         if length is not None and length > limit:
             raise http_spec.body_too_large(limit)
@@ -261,9 +261,10 @@ def content_length(scope: MutableMapping[str, Any]) -> int | None:
 class RequestGuard:
     """ASGI wrapper bounding every HTTP request of the node's server (see the module's docstring)."""
 
-    def __init__(self, app: App, limits: RequestLimits) -> None:
+    def __init__(self, app: App, limits: RequestLimits, body_bytes: Mapping[str, int] | None = None) -> None:
         self.app = app
         self.max_body_bytes = limits.max_body_bytes
+        self.body_bytes = dict(body_bytes or {})  # per path, a limit of its own (the peers' internal endpoint)
         self.max_header_bytes = limits.max_header_bytes
         self.timeout_ms = limits.request_timeout_ms
 

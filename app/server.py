@@ -33,6 +33,7 @@ from iqgraph.app.rest import rest_routes
 from iqgraph.app.routing import store_key_partitions
 from iqgraph.app.settings import Settings
 from iqgraph.app.tls import peer_verify, server_options
+from iqgraph.schema.access import principal_of
 from iqgraph.schema.graphiql import graphiql_mount
 from iqgraph.schema.types import PartitionInfo, PipelineInfo
 
@@ -85,7 +86,7 @@ def build_asgi(
     ]
     if internal is not None:
         verifier = PeerVerifier(node.settings.cluster_secret or secrets.token_bytes(32))  # none: no peer gets in
-        gate = PeerGate(internal, verifier, node.metrics.forwarded_received, 16 * node.settings.max_body_bytes)
+        gate = PeerGate(internal, verifier, node.metrics.forwarded_received, peer_body_bytes(node.settings))
         routes.append(Route(INTERNAL_PATH, gate, methods=["POST"]))
     if node.queries is not None:
         routes += rest_routes(node.queries)  # GET /stores/{store}/keys/{key}[/metadata] (app.rest)
@@ -93,7 +94,13 @@ def build_asgi(
         routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
     if authenticator is None:
         authenticator = Authenticator.from_settings(node.settings)
-    return RequestGuard(AuthGate(Starlette(routes=routes), authenticator), node.settings)
+    peers_body = {INTERNAL_PATH: peer_body_bytes(node.settings)}  # a batch of many lookups: more than a client's
+    return RequestGuard(AuthGate(Starlette(routes=routes), authenticator), node.settings, peers_body)
+
+
+def peer_body_bytes(settings: Settings) -> int:
+    """Return the largest sub-request body a peer may send: up to wire.MAX_LOOKUPS clients' bodies in one."""
+    return 16 * settings.max_body_bytes
 
 
 def _raw_lookup(node: Node) -> Any:
@@ -103,7 +110,12 @@ def _raw_lookup(node: Node) -> Any:
     async def lookup(request: Request) -> Response:
         assert node.local is not None and node.topic_watch is not None  # noqa: S101 - started before serving
         store, key = request.path_params["store"], request.path_params["key"]
-        definition = node.app.store(store)
+        if not principal_of(request.scope).may_read(store):
+            return JSONResponse({"error": f"not allowed to read store {store!r}"}, status_code=403)
+        try:
+            definition = node.app.store(store)
+        except KeyError:
+            return JSONResponse({"error": f"no store {store!r}"}, status_code=404)
         detected = node.topic_watch.partitioner(definition.topic)
         partitions = store_key_partitions(node.app, definition, key, detected)
         [value] = node.local.read_states(store, [((key, None, None), partitions)]).value

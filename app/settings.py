@@ -27,6 +27,11 @@ MAPPINGS = {"kafka": "librdkafka settings", "spark_conf": "Spark settings"}
 LIMITS = ("max_aliases", "max_depth", "max_tokens", "max_body_bytes", "max_header_bytes", "request_timeout_ms")
 
 
+#: The shortest cluster secret accepted, and the example one docker-compose.yml sets (refused with auth on).
+MIN_CLUSTER_SECRET = 16
+EXAMPLE_CLUSTER_SECRET = "change-me-dev-only"  # noqa: S105 - refused, not used
+
+
 class SettingsError(ValueError):
     """Settings that cannot be used; the message says which one and how to fix it."""
 
@@ -145,6 +150,13 @@ class Settings:
             raise SettingsError(
                 "a node with peers needs the cluster's shared secret to authenticate them: "
                 f"set {ENV_PREFIX}CLUSTER_SECRET (the same on every node)"
+            )
+        if self.cluster_secret is not None and len(self.cluster_secret) < MIN_CLUSTER_SECRET:
+            raise SettingsError(f"{ENV_PREFIX}CLUSTER_SECRET must be at least {MIN_CLUSTER_SECRET} characters")
+        if methods and self.cluster_secret == EXAMPLE_CLUSTER_SECRET:
+            raise SettingsError(
+                f"{ENV_PREFIX}CLUSTER_SECRET is docker-compose.yml's example: with auth on, anyone could sign as a "
+                "peer; set your own (e.g. in .env: openssl rand -base64 32)"
             )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError("TLS needs both a certificate and its key: --tls-cert and --tls-key")

@@ -52,6 +52,7 @@ the schema is exactly what it was before entities existed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,7 @@ from strawberry.extensions import SchemaExtension
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext, ExecutionResult
 
+from iqgraph.schema import wire
 from iqgraph.schema.bloom_fields import bloom_type
 from iqgraph.schema.compiled import CompiledQueries, RequestMetrics, run_compiled
 from iqgraph.schema.context import Context
@@ -354,7 +356,9 @@ def build_internal_schema(
     node = [f for f in metadata_fields({}) if f.name == "node"]
     calls = [call_field(owner_fields, settled)] if owner_fields else []
     query = object_type("Query", [*internal_fields(settled), *calls, *node], "Internal: what peers ask each other.")
-    checks = DocumentChecks(settled, INTERNAL_CACHE_SIZE)  # the public limits: tokens, aliases, depth
+    # the public limits (tokens, depth, aliases), but a peer's batch of point reads is up to MAX_LOOKUPS aliases
+    peers = dataclasses.replace(settled, max_aliases=max(settled.max_aliases, wire.MAX_LOOKUPS))
+    checks = DocumentChecks(peers, INTERNAL_CACHE_SIZE)
     installed: list[Callable[[], SchemaExtension]] = [ErrorCodes, *checks.extensions()]
     schema = IqGraphSchema(query=query, extensions=installed, config=StrawberryConfig(scalar_map=SCALARS))
     schema.request_metrics = request_metrics

@@ -39,6 +39,15 @@ SCAN_ARGUMENTS = {
     "fetch_range": {"from_key", "to_key", "time_from", "time_to"},
     "top": {"group"},
 }
+#: The kind of store each scan reads.
+SCAN_STORE_KIND = {
+    "range": "key_value",
+    "prefix": "key_value",
+    "fetch_all": "window",
+    "fetch_range": "window",
+    "top": "ranking",
+}
+_TIME_ARGUMENTS = {"time_from", "time_to"}
 #: The documents of point reads peers send (``wire.lookups(n)``), by their text.
 _LOOKUP_DOCUMENTS = {wire.lookups(n): n for n in range(1, wire.MAX_LOOKUPS + 1)}
 
@@ -65,9 +74,13 @@ def checked_reads(reads: Any, limits: Limits) -> list[Any]:
         raise bad_request("reads", str(exc)) from None
 
 
-def _checked_scan(scan: Any, positions: Any, first: int, partitions: list[int], limits: Limits) -> tuple[Scan, Any]:
-    if first > limits.max_page_size:
-        raise limit_exceeded("page size (first)", limits.max_page_size, first)
+def _checked_scan(
+    scan: Any, positions: Any, first: int, partitions: list[int], limits: Limits, kind: str | None
+) -> tuple[Scan, Any]:
+    """Return a _scan's Scan and positions, or BAD_REQUEST: a page resumed from an edge's cursor asks for up to
+    twice max_page_size (the skipped items, then the page)."""
+    if first > 2 * limits.max_page_size:
+        raise limit_exceeded("page size (first)", 2 * limits.max_page_size, first)
     if first < 1 or any(p < 0 for p in partitions):
         raise bad_request("first", "first and partitions must be positive")
     if not isinstance(scan, dict) or scan.get("kind") not in SCAN_ARGUMENTS:
@@ -75,6 +88,12 @@ def _checked_scan(scan: Any, positions: Any, first: int, partitions: list[int], 
     args = scan.get("args") or {}
     if not isinstance(args, dict) or not set(args) <= SCAN_ARGUMENTS[scan["kind"]]:
         raise bad_request("scan", f"a {scan['kind']} scan takes {sorted(SCAN_ARGUMENTS[scan['kind']])}")
+    if kind is not None and kind != SCAN_STORE_KIND[scan["kind"]]:
+        raise bad_request("scan", f"a {scan['kind']} scan reads a {SCAN_STORE_KIND[scan['kind']]} store, not a {kind}")
+    if any(type(args[a]) is not int for a in _TIME_ARGUMENTS & set(args)):
+        raise bad_request("scan", "time_from and time_to are integers")
+    if any(not (v is None or type(v) in (str, int)) for a, v in args.items() if a not in _TIME_ARGUMENTS):
+        raise bad_request("scan", "keys, prefixes and groups are strings, integers or null")
     if not isinstance(positions, dict) or not all(isinstance(c, str | None) for c in positions.values()):
         raise bad_request("positions", "expected {partition: cursor}")
     try:
@@ -101,7 +120,8 @@ def internal_fields(limits: Limits) -> list[Field]:
         root: Any, info: strawberry.Info, store: str, scan: JSON, positions: JSON, first: int, partitions: list[int]
     ) -> JSON:
         check_read(_principal(info), store)
-        request, resume = _checked_scan(scan, positions, first, partitions, limits)
+        kind = next((s.kind for s in context(info).queries.stores() if s.name == store), None)
+        request, resume = _checked_scan(scan, positions, first, partitions, limits, kind)
         with store_errors():
             answer = _local(info).scan_pages(store, request, resume, first, partitions)
         return wire.encode_scan(answer)  # type: ignore[return-value]

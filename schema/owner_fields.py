@@ -164,7 +164,8 @@ def call_field(owner_fields: Sequence[OwnerFieldInfo], limits: Limits) -> Field:
         except (ValueError, TypeError) as exc:
             raise bad_request("keys", str(exc)) from None
         with store_errors():
-            return wire.encode_call_answer(await _local(info).call(field, calls))  # type: ignore[return-value]
+            answer = await _local(info).call(field, calls, context(info).principal)
+        return wire.encode_call_answer(answer)  # type: ignore[return-value]
 
     return resolved_field(
         CALL_FIELD,

@@ -195,8 +195,10 @@ class PeerQueries(Protocol):
         """Return per given partition its entries (exact, or RocksDB's estimate; bloom: estimate) or an exception."""
         ...
 
-    async def call(self, field: str, calls: Sequence[tuple[Key, tuple[int, ...]]]) -> Answer[list[Result]]:
-        """Return an owner-side field's value per (key, partitions), run here (an exception if it failed)."""
+    async def call(
+        self, field: str, calls: Sequence[tuple[Key, tuple[int, ...]]], caller: Principal = ANONYMOUS
+    ) -> Answer[list[Result]]:
+        """Return an owner-side field's value per (key, partitions), run here for caller (an exception if it failed)."""
         ...
 
 

@@ -88,8 +88,21 @@ def decode_reads(data: Any) -> list[Read]:
     for item in data:
         if not (isinstance(item, list) and len(item) == 4 and isinstance(item[3], list)):
             raise ValueError(f"read {item!r} is not [key, from, to, [partitions]]")
-        reads.append(((item[0], item[1], item[2]), tuple(int(p) for p in item[3])))
+        key, lower, upper, partitions = item
+        if not _is_key(key) or not all(_is_time(t) for t in (lower, upper)):
+            raise ValueError(f"read {item!r}: the key is a string or an integer, from and to integers or null")
+        if not all(type(p) is int and p >= 0 for p in partitions):
+            raise ValueError(f"read {item!r}: partitions are integers from 0")
+        reads.append(((key, lower, upper), tuple(partitions)))
     return reads
+
+
+def _is_key(value: Any) -> bool:
+    return type(value) in (str, int)
+
+
+def _is_time(value: Any) -> bool:
+    return value is None or type(value) is int
 
 
 def encode_error(error: Exception) -> dict[str, Any]:

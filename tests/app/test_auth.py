@@ -98,6 +98,16 @@ class JwksServer:
         self.status = 200
         self.requests = 0
         self.url = ""
+        self.delay_s = 0.0
+
+    async def served(self, requests: int) -> None:
+        """Wait until it has had that many requests (a refresh in the background)."""
+        for _ in range(200):
+            if self.requests >= requests:
+                await asyncio.sleep(0.05)  # its answer handled too
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"{self.requests} requests, not {requests}")
 
 
 @pytest.fixture
@@ -107,6 +117,7 @@ def issuer() -> Iterator[JwksServer]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             state.requests += 1
+            time.sleep(state.delay_s)
             body = json.dumps(state.keys).encode()
             self.send_response(state.status)
             self.send_header("content-type", "application/json")
@@ -367,15 +378,32 @@ async def test_a_stale_set_is_refreshed_and_kept_while_the_issuer_is_down(issuer
     auth = authenticator(jwt_settings(jwt_jwks=issuer.url), clock)
     await auth.authenticate(bearer(signer.token()))
     issuer.status = 503
-    clock.now += 301  # older than five minutes: refreshed, the refresh fails, the keys are kept
+    clock.now += 301  # older than five minutes: refreshed in the background, the refresh fails, the keys are kept
     assert (await auth.authenticate(bearer(signer.token()))).subject == "alice"
-    assert issuer.requests == 2
+    await issuer.served(2)
     assert (await auth.authenticate(bearer(signer.token()))).subject == "alice"
+    await asyncio.sleep(0.2)
     assert issuer.requests == 2  # the next try waits 10 s
     issuer.status = 200
     clock.now += 11
     assert (await auth.authenticate(bearer(signer.token()))).subject == "alice"
-    assert issuer.requests == 3
+    await issuer.served(3)
+
+
+async def test_a_slow_issuer_holds_no_request_whose_key_is_cached(issuer: JwksServer) -> None:
+    signer = es("k1")
+    issuer.keys = jwks(signer)
+    clock = Clock()
+    auth = authenticator(jwt_settings(jwt_jwks=issuer.url), clock)
+    await auth.authenticate(bearer(signer.token()))
+    issuer.delay_s, issuer.status = 2.0, 503
+    clock.now += 301  # stale: every request answers from the cached key while one refresh waits on the issuer
+    started = time.monotonic()
+    answers = await asyncio.gather(*(auth.authenticate(bearer(signer.token())) for _ in range(8)))
+    assert {a.subject for a in answers} == {"alice"} and time.monotonic() - started < 0.5
+    await issuer.served(2)
+    await asyncio.sleep(2.2)
+    assert issuer.requests == 2  # one background refresh, not one per request
 
 
 async def test_a_jwks_url_that_fails_at_first_refuses_with_unknown_kid(issuer: JwksServer) -> None:

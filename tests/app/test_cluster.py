@@ -69,6 +69,7 @@ def cluster(
         "IQGRAPH_JWT_ISSUER": ISSUER,
         "IQGRAPH_JWT_AUDIENCE": AUDIENCE,
         "IQGRAPH_API_KEYS": str(keys),
+        "IQGRAPH_RAW_ENDPOINT": "true",  # the benchmark's plain endpoint: authorized as every other
     }
     # node-0 lets a standby answer (stale reads allowed); node-1 does not.
     nodes = start_nodes(
@@ -265,6 +266,10 @@ def test_a_caller_reads_only_its_stores_and_every_owner_checks(cluster: Any) -> 
     assert httpx.get(rest, headers=bearer("read:total_spend"), timeout=30).json()["value"] == pytest.approx(
         truth.kv["total_spend"][key]
     )
+    raw = f"{nodes[0].url}/raw/total_spend/{key}"
+    assert httpx.get(raw, timeout=30).status_code == 401
+    assert httpx.get(raw, headers=bearer("read:order_count"), timeout=30).status_code == 403
+    assert httpx.get(f"{nodes[0].url}/raw/nope/{key}", headers=bearer("read:*"), timeout=30).status_code == 404
 
 
 def test_when_a_node_dies_standbys_answer_with_lag_or_keys_fail_clearly(cluster: Any) -> None:

@@ -43,14 +43,24 @@ def test_a_signed_request_verifies_once_with_its_sender_and_caller() -> None:
         ("bad signature", lambda h, b: ({**h, "x-iqgraph-signature": "0" * 64}, b, 1_000.0, SECRET, "POST")),
         ("bad signature", lambda h, b: (h, b + b" ", 1_000.0, SECRET, "POST")),  # the body changed
         ("bad signature", lambda h, b: ({**h, "x-iqgraph-node": "node-2"}, b, 1_000.0, SECRET, "POST")),
-        ("bad signature", lambda h, b: ({**h, "x-iqgraph-caller": _headers(caller=ANONYMOUS)["x-iqgraph-caller"]},
-                                        b, 1_000.0, SECRET, "POST")),  # fmt: skip
+        (
+            "bad signature",
+            lambda h, b: (
+                {**h, "x-iqgraph-caller": _headers(caller=ANONYMOUS)["x-iqgraph-caller"]},
+                b,
+                1_000.0,
+                SECRET,
+                "POST",
+            ),
+        ),  # fmt: skip
         ("bad signature", lambda h, b: (h, b, 1_000.0, "another-secret", "POST")),
         ("bad signature", lambda h, b: (h, b, 1_000.0, SECRET, "GET")),
         ("timestamp", lambda h, b: (h, b, 1_031.0, SECRET, "POST")),  # too old
         ("timestamp", lambda h, b: (h, b, 969.0, SECRET, "POST")),  # from the future
-        ("no x-iqgraph-signature", lambda h, b: ({k: v for k, v in h.items() if k != "x-iqgraph-signature"},
-                                                 b, 1_000.0, SECRET, "POST")),  # fmt: skip
+        (
+            "no x-iqgraph-signature",
+            lambda h, b: ({k: v for k, v in h.items() if k != "x-iqgraph-signature"}, b, 1_000.0, SECRET, "POST"),
+        ),  # fmt: skip
     ],
 )
 def test_anything_altered_stale_or_missing_is_refused(why: str, change: Any) -> None:
@@ -91,3 +101,11 @@ async def test_the_gate_gives_the_app_the_same_body_sender_and_caller_and_refuse
     for refused in (replayed, unsigned, too_big):
         assert refused.status_code == 401
         assert refused.json()["errors"][0]["extensions"] == {"code": "UNAUTHENTICATED"}
+
+
+def test_a_signature_of_any_characters_is_refused_not_an_error() -> None:
+    for signature in ("\xe9" * 64, "😀", ""):
+        with pytest.raises(PeerAuthError, match="bad signature"):
+            PeerVerifier(SECRET).verify(
+                "POST", INTERNAL_PATH, {**_headers(), "x-iqgraph-signature": signature}, BODY, now=1_000.0
+            )

@@ -49,8 +49,11 @@ def test_security_settings_say_what_to_fix_and_describe_themselves() -> None:
         "needs a keys file": {"auth": "api-key"},
         "IQGRAPH_CLUSTER_SECRET": {"peers": "node-0=http://a:1,node-1=http://b:1"},
         "both a certificate and its key": {"tls_cert": "c.pem"},
+        "at least 16 characters": {"peers": "node-0=http://a:1", "cluster_secret": "short"},
+        "docker-compose.yml's example": {**jwt_flags, "cluster_secret": "change-me-dev-only"},
     }
     for message, flags in refused.items():
         with pytest.raises(SettingsError, match=message):
             load_settings(flags, env={})
-    assert load_settings({"membership": "kafka"}, env={"IQGRAPH_CLUSTER_SECRET": "x"}).cluster_secret == "x"  # noqa: S105
+    secret = "x" * 16
+    assert load_settings({"membership": "kafka"}, env={"IQGRAPH_CLUSTER_SECRET": secret}).cluster_secret == secret

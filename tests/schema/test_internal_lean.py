@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from iqgraph.schema import GraphQLApp, Limits
+from iqgraph.schema import GraphQLApp, Limits, wire
 from iqgraph.schema.access import PRINCIPAL_SCOPE_KEY, Principal
 from iqgraph.schema.builder import build_internal_schema
 from iqgraph.schema.internal import lookup_fields
@@ -122,3 +122,32 @@ async def test_the_carried_caller_and_the_limits_bound_both_paths(apps: tuple[_L
     _, over = await _post(small, orjson.dumps({"query": lookups(1), "variables": variables}), FORWARDED)
     assert orjson.loads(over["body"])["errors"][0]["extensions"]["code"] == "LIMIT_EXCEEDED"
     assert small.lean == 0
+
+
+async def test_arguments_no_peer_sends_are_bad_request_never_internal(shop: Api) -> None:
+    from iqgraph.schema.context import request_context
+
+    schema = build_internal_schema(shop.limits)
+    context = request_context(shop.queries, shop.limits, local=shop.queries.local)
+    bad = [
+        (wire.LOOKUP, {"store": "order_count", "reads": [["customer-01", "x", None, [0]]]}),
+        (wire.LOOKUP, {"store": "order_count", "reads": [[True, None, None, [0]]]}),
+        (wire.LOOKUP, {"store": "order_count", "reads": [["customer-01", None, None, [-1]]]}),
+        (wire.SCAN, _scan("orders_per_minute", "range", {"from_key": None, "to_key": None})),
+        (wire.SCAN, _scan("orders_per_minute", "fetch_all", {"time_from": "a", "time_to": 1})),
+        (wire.SCAN, _scan("order_count", "top", {"group": None})),
+        (wire.SCAN, _scan("order_count", "range", {"from_key": ["a"], "to_key": None})),
+        (wire.SCAN, _scan("order_count", "nope", {})),
+    ]
+    for query, variables in bad:
+        result = await schema.execute(query, variable_values=variables, context_value=context)
+        assert result.errors is not None, variables
+        assert result.errors[0].formatted["extensions"]["code"] == "BAD_REQUEST", (variables, result.errors)
+    # a page resumed from an edge's cursor asks for up to twice the page size: answered
+    resumed = _scan("order_count", "range", {"from_key": None, "to_key": None}, first=2 * shop.limits.max_page_size)
+    result = await schema.execute(wire.SCAN, variable_values=resumed, context_value=context)
+    assert result.errors is None, result.errors
+
+
+def _scan(store: str, kind: str, args: dict[str, Any], first: int = 10) -> dict[str, Any]:
+    return {"store": store, "scan": {"kind": kind, "args": args}, "positions": {}, "first": first, "partitions": [0]}

@@ -409,3 +409,25 @@ def test_a_boxed_value_shaped_like_an_error_is_a_value() -> None:
     assert not found and isinstance(error, ApiError) and error.code == "TIMEOUT"
     assert isinstance(decoded.value[2], ApiError) and decoded.value[2].code == "STORE_MIGRATED"  # the replica's
     assert decoded.positions == {0: 5}
+
+
+async def test_a_function_reading_a_store_the_caller_may_not_read_fails_that_key_forbidden(api: OwnerApi) -> None:
+    from iqgraph.schema.access import Principal
+    from iqgraph.schema.context import request_context
+
+    query = '{ customerSummary(key: "customer-01") { orders spend } orderCount { get(key: "customer-01") } }'
+    stores = {"order_count", "customers", "orders_per_minute", "latest_order", "ordered"}  # not total_spend
+    for caller, forbidden in ((Principal("some", frozenset(stores)), True), (Principal("all", None), False)):
+        context = request_context(api.queries, api.limits, principal=caller)
+        result = await api.schema.execute(query, context_value=context)
+        assert (
+            result.data is not None
+            and result.data["orderCount"]["get"] == _truth().customer("customer-01")["orderCount"]
+        )
+        if forbidden:  # the function opened total_spend: that key's error, the value never read
+            assert result.data["customerSummary"] is None
+            assert [e.formatted["extensions"] for e in result.errors or []] == [
+                {"code": "FORBIDDEN", "store": "total_spend"}
+            ]
+        else:
+            assert result.errors is None and result.data["customerSummary"]["spend"] is not None
