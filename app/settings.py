@@ -29,6 +29,8 @@ LIMITS = ("max_aliases", "max_depth", "max_tokens", "max_body_bytes", "max_heade
 
 #: The shortest cluster secret accepted, and the example one docker-compose.yml sets (refused with auth on).
 MIN_CLUSTER_SECRET = 16
+#: HS256's key is at least as long as its hash (RFC 7518 §3.2).
+MIN_JWT_SECRET_BYTES = 32
 EXAMPLE_CLUSTER_SECRET = "change-me-dev-only"  # noqa: S105 - refused, not used
 
 
@@ -142,6 +144,10 @@ class Settings:
                 )
             if not self.jwt_issuer or not self.jwt_audience:
                 raise SettingsError("auth jwt needs the tokens' issuer and audience: --jwt-issuer, --jwt-audience")
+            if self.jwt_secret is not None and len(self.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
+                raise SettingsError(
+                    f"jwt_secret must be at least {MIN_JWT_SECRET_BYTES} bytes ({ENV_PREFIX}JWT_SECRET)"
+                )
         if "api-key" in methods and self.api_keys is None:
             raise SettingsError("auth api-key needs a keys file: --api-keys FILE (docs/security.md)")
         if self.jwt_leeway_s < 0:
