@@ -14,7 +14,10 @@ find them (invariant 4). Both hashes of a key are computed once and cached. A ta
 take each key's last change of the batch: a value replaces the stored one, a tombstone deletes the key
 (and its count) in the same WriteBatch. An optional observer hears
 what each applied batch did (BatchReport: duration, records, bad records per store), e.g. the node's
-metrics.
+metrics. With a change feed (``streaming.change_feed``), each partition's batch publishes, once committed,
+the new states of the keys someone watches: key-value states as the merge returns them; windows and ranking
+entries read from the transaction's own writes before and after their merge (their views do not return them),
+so only the watched keys are read, and only while someone watches.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +36,17 @@ import orjson
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from iqgraph.stores import KEEP_GROUP, Aggregation, PartitionState, PartitionStores, PartitionTransaction, StoreKind
+from iqgraph.stores import (
+    KEEP_GROUP,
+    Aggregation,
+    PartitionState,
+    PartitionStores,
+    PartitionTransaction,
+    StoreKind,
+    WindowStore,
+)
 from iqgraph.stores.codecs import decode_values
+from iqgraph.streaming.change_feed import ChangeFeed, ChangeSet, Interest, rank_entry
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.decode import Decoder, value_schema
 from iqgraph.streaming.definitions import App, StoreDefinition, Topic
@@ -52,6 +65,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
+_UNWATCHED: AbstractContextManager[Interest] = nullcontext({})
+_NO_CHANGES = ChangeSet({})  # watches no store: nothing is ever recorded into it
 
 
 @dataclass
@@ -119,9 +134,11 @@ class StoreSink:
         tasks: int = 2,
         observer: BatchObserver | None = None,
         tables: HostedTables | None = None,
+        change_feed: ChangeFeed | None = None,
     ) -> None:
         """Args:
         tables: the partitions this node hosts of a topic, now: where joined tables are read (streaming.joins).
+        change_feed: where each partition's committed changes are published, for the stores someone watches.
         """
         self.app = app
         self.topic = topic
@@ -131,6 +148,7 @@ class StoreSink:
         self.on_commit = on_commit
         self.tasks = tasks
         self.observer = observer
+        self.change_feed = change_feed
         self._decoder: Decoder | None = None  # built on the first batch, as the partials plan
         self._plan = PartialsPlan(self.stores, self.tasks)
         self._placements: dict[Any, Placement] = {}  # key -> where each partitioner puts it
@@ -218,8 +236,12 @@ class StoreSink:
             tx = stores.db.begin(start, batch.last_offset + 1)
             if tx is None:
                 continue
-            with tx:
-                bad = self._merge(tx, stores, partition, batch)
+            with self._watching() as interest:  # a subscription's snapshot waits for this batch (settle)
+                changes = ChangeSet(interest) if interest else _NO_CHANGES
+                with tx:
+                    bad = self._merge(tx, stores, partition, batch, changes)
+                if changes is not _NO_CHANGES and self.change_feed is not None:
+                    self.change_feed.publish(self.topic.name, partition, batch.last_offset + 1, changes.by_store)
             applied.records += batch.last_offset + 1 - max(start, batch.first_offset)
             for store, count in bad.items():
                 applied.bad[store] += count
@@ -227,8 +249,16 @@ class StoreSink:
                 self.on_commit(partition, batch.last_offset + 1)
         return applied
 
+    def _watching(self) -> AbstractContextManager[Interest]:
+        return _UNWATCHED if self.change_feed is None else self.change_feed.writing(self.topic.name)
+
     def _merge(
-        self, tx: PartitionTransaction, stores: PartitionStores, partition: int, batch: PartitionBatch
+        self,
+        tx: PartitionTransaction,
+        stores: PartitionStores,
+        partition: int,
+        batch: PartitionBatch,
+        changes: ChangeSet = _NO_CHANGES,
     ) -> dict[str, int]:
         bad = self._record_bad(tx, partition, batch.bad)
         keyed = [(store, self._keys(store, batch.partials.get(store.name, []))) for store in self.stores]
@@ -238,21 +268,35 @@ class StoreSink:
             items = batch.partials.get(store.name, [])
             if store.kind is StoreKind.RANKING:
                 continue  # below, once the store it ranks is merged
+            watched = changes.watches(store.name)
             if store.kind is StoreKind.KEY_VALUE and self.topic.table:
-                _apply_changelog(stores, store.name, tx, [(k, it[2]) for k, it in zip(keys, items, strict=True)])
+                changelog = [(k, it[2]) for k, it in zip(keys, items, strict=True)]
+                states = _apply_changelog(stores, store.name, tx, changelog)
+                if watched:
+                    _table_changes(changes, stores, store.name, changelog, states)
             elif store.kind is StoreKind.KEY_VALUE:
                 pairs = [(k, it[2]) for k, it in zip(keys, items, strict=True)]
-                merged[store.name] = stores.kv(store.name).merge(tx, pairs)
+                view = stores.kv(store.name)
+                merged[store.name] = view.merge(tx, pairs)
+                if watched:
+                    changes.states(store.name, view.codec, keys, merged[store.name])
             elif store.kind is StoreKind.WINDOW:
                 window_items = [(k, int(it[1] or 0), it[2]) for k, it in zip(keys, items, strict=True)]
                 stream_time = batch.stream_time.get(store.name)
-                stores.window(store.name).merge(tx, window_items, stream_time, batch.late.get(store.name, 0))
+                window = stores.window(store.name)
+                recorded = _window_changes(changes, tx, window, window_items) if watched else None
+                window.merge(tx, window_items, stream_time, batch.late.get(store.name, 0))
+                if recorded is not None:
+                    recorded()
             else:
                 stores.bloom(store.name).add(tx, keys)
+                if watched:
+                    changes.constant(store.name, keys, True)
         for store, keys in keyed:
             if store.kind is StoreKind.RANKING:
                 groups = [it[2] for it in batch.partials.get(store.name, [])]
-                _rank(stores, tx, store, dict(zip(keys, groups, strict=True)), merged.get(str(store.ranks), {}))
+                ranked = merged.get(str(store.ranks), {})
+                _rank(stores, tx, store, dict(zip(keys, groups, strict=True)), ranked, changes)
         return bad
 
     def _keys(self, store: StoreDefinition, items: list[tuple[Any, int | None, Any, int]]) -> list[Any]:
@@ -329,13 +373,34 @@ class StoreSink:
 
 def _apply_changelog(
     stores: PartitionStores, name: str, tx: PartitionTransaction, items: list[tuple[Any, Any]]
-) -> None:
-    """Apply a table's last change per key of the batch: a value replaces the key's, a tombstone (None) deletes it."""
+) -> dict[bytes, Any]:
+    """Apply a table's last change per key of the batch: a value replaces the key's, a tombstone (None) deletes it.
+
+    Return the new states of the keys given a value, by encoded key.
+    """
     table = stores.kv(name)
-    table.merge(tx, [(key, value) for key, value in items if value is not None])
+    states = table.merge(tx, [(key, value) for key, value in items if value is not None])
     for key, value in items:
         if value is None:
             table.delete(tx, key)
+    return states
+
+
+def _table_changes(
+    changes: ChangeSet, stores: PartitionStores, name: str, items: list[tuple[Any, Any]], states: Mapping[bytes, Any]
+) -> None:
+    """Record a table's watched changes: new states, and None for the keys its tombstones deleted."""
+    changes.states(name, stores.kv(name).codec, [key for key, value in items if value is not None], states)
+    changes.constant(name, [key for key, value in items if value is None], None)
+
+
+def _window_changes(
+    changes: ChangeSet, tx: PartitionTransaction, window: WindowStore, items: list[tuple[Any, int, Any]]
+) -> Callable[[], None]:
+    """Read the watched windows of items before their merge; return what records those the merge changed."""
+    watched = set(changes.selected(window.name, (key for key, _, _ in items)))
+    rows = {(k, start): window.codec.encode_window_key(k, start) for k, start, _ in items if k in watched}
+    return changes.rows(window.name, tx, window.name, [(k, start, raw) for (k, start), raw in rows.items()])
 
 
 def _rank(
@@ -344,6 +409,7 @@ def _rank(
     ranking: StoreDefinition,
     groups: Mapping[Any, Any],
     changed: Mapping[bytes, Any],
+    changes: ChangeSet = _NO_CHANGES,
 ) -> None:
     """Index the members whose value (changed: the ranked store's new states) or group (groups) the batch changed.
 
@@ -360,7 +426,13 @@ def _rank(
     column = ranking.group
     new_groups = [(groups[m] or {}).get(column) if column is not None and m in groups else KEEP_GROUP for m in members]
     aggregation = ranked.spec.aggregation
+    recorded = None
+    if watched := changes.selected(ranking.name, members):
+        rows = [(m, None, raw) for m, raw in zip(watched, view.codec.encode_many(watched), strict=True)]
+        recorded = changes.rows(ranking.name, tx, view.name, rows, rank_entry)
     view.update(tx, members, new_groups, [_ranked_value(ranking, aggregation, m, states[m]) for m in members])
+    if recorded is not None:
+        recorded()
 
 
 def _ranked_value(ranking: StoreDefinition, aggregation: Aggregation, member: Any, state: Any) -> Any:
