@@ -3,21 +3,24 @@
 ``AuthGate`` authenticates each request with an ``app.auth.Authenticator`` and puts the caller in the scope
 (``PRINCIPAL_SCOPE_KEY``; ``principal_of`` reads it, schema.access); a request it refuses gets HTTP 401
 with one GraphQL error ``UNAUTHENTICATED`` and no data (a websocket is closed with 4401 before it is
-accepted). Probes, ``/metrics``, GraphiQL's page and assets, and the peers' ``/internal/`` endpoint
+accepted). With ``websocket_init_auth``, a websocket whose handshake carries no credentials (a browser cannot
+set its headers) passes without a principal: the GraphQL app authenticates its ``connection_init`` payload
+or closes it (``schema.asgi``). Probes, ``/metrics``, GraphiQL's page and assets, and the peers' ``/internal/`` endpoint
 (app.peer_auth checks their signatures) are not protected; every other path is, so an endpoint added later
 is protected unless it is named here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from urllib.parse import parse_qsl
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from iqgraph.app.auth import Authenticator, Unauthenticated
-from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY
+from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY, Principal
+from iqgraph.schema.asgi import ConnectionAuth
 from iqgraph.schema.errors import UNAUTHENTICATED
 
 #: Paths a request may reach without a principal: probes, metrics, GraphiQL's assets, the peers' endpoint.
@@ -87,6 +90,7 @@ class AuthGate:
         authenticator: None when authentication is off: every request is ANONYMOUS.
         protected: (method, path) → whether the request needs a principal; the others pass without one.
         graphiql_path: where a browser's GET (no query) is GraphiQL's page, which passes without one.
+        websocket_init_auth: a websocket without credential headers passes without one (see the module).
     """
 
     def __init__(
@@ -96,11 +100,13 @@ class AuthGate:
         protected: Callable[[str, str], bool] = default_protected,
         *,
         graphiql_path: str | None = "/graphql",
+        websocket_init_auth: bool = False,
     ) -> None:
         self.app = app
         self.authenticator = authenticator
         self.protected = protected
         self.graphiql_path = graphiql_path
+        self.websocket_init_auth = websocket_init_auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Authenticate one request, then serve it, or refuse it."""
@@ -110,8 +116,11 @@ class AuthGate:
         if self.authenticator is None:
             scope[PRINCIPAL_SCOPE_KEY] = ANONYMOUS
         elif self._needs_principal(scope):
+            headers = _headers(scope, _CREDENTIAL_HEADERS)
+            if not headers and scope["type"] == "websocket" and self.websocket_init_auth:
+                await self.app(scope, receive, send)  # no principal: the app authenticates its connection_init
+                return
             try:
-                headers = _headers(scope, _CREDENTIAL_HEADERS)
                 scope[PRINCIPAL_SCOPE_KEY] = await self.authenticator.authenticate(headers, _client(scope))
             except Unauthenticated:
                 await self._refuse(scope, receive, send, self.authenticator.challenge)
@@ -137,3 +146,15 @@ class AuthGate:
         ]
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": REFUSAL_BODY})
+
+
+def init_authenticator(authenticator: Authenticator) -> ConnectionAuth:
+    """Return how a websocket's connection_init credentials are checked: as headers, by authenticator."""
+
+    async def authenticate(credentials: Mapping[str, str], client: str | None) -> Principal | None:
+        try:
+            return await authenticator.authenticate(credentials, client)
+        except Unauthenticated:
+            return None  # logged by the authenticator; the socket is closed
+
+    return authenticate

@@ -19,6 +19,7 @@ Metrics (all prefixed ``iqgraph_``)::
     batch_duration_seconds{topic}                    histogram  micro-batch: Spark job + merge into the stores
     batch_records{topic}                             histogram  records (offsets) applied per micro-batch
     bad_records_total{store}                         counter    bad records counted (invariant 7)
+    requests_cut_total{reason}                       counter    requests cut short: headers/body too large, timeout, client gone
     node_state{state}                                gauge      1 for the node's current state
     partitions{role,state}                           gauge      hosted partitions
     partition_lag_records{topic,partition,role}      gauge      records the partition's stores are behind
@@ -120,6 +121,12 @@ class NodeMetrics:
             buckets=BATCH_RECORDS_BUCKETS,
         )
         self.bad_records = Counter("iqgraph_bad_records", "Bad records counted", ["store"], registry=registry)
+        self.requests_cut = Counter(
+            "iqgraph_requests_cut",
+            "HTTP requests cut short before an answer, by reason (headers or body too large, timeout, client gone)",
+            ["reason"],
+            registry=registry,
+        )
         registry.register(NodeStateCollector(node, state))
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
@@ -133,8 +140,12 @@ class NodeMetrics:
         """Return the id of the member at url as a peer label, else ``unknown``."""
         return next((m.id for m in self._members().values() if m.url == url), UNKNOWN_PEER)
 
+    def request_cut(self, reason: str) -> None:
+        """Count a request the guard cut short (app.request_guard's reasons)."""
+        self.requests_cut.labels(reason).inc()
+
     def forwarded_received(self, claimed: str | None) -> None:
-        """Count a forwarded request whose forwarded header says it comes from claimed (unauthenticated)."""
+        """Count a forwarded sub-request from the peer its signature authenticated (app.peer_auth)."""
         self.received.labels(self.peer_of_id(claimed)).inc()
 
     def sent_to(self, url: str) -> None:

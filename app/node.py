@@ -1,5 +1,8 @@
 """A node's lifecycle: state directory, Kafka check, Spark session, streaming queries, store queries.
 
+The node's change feed (``streaming.change_feed``) lives as long as the node: every sink the runner makes
+(restarts and reassignments included) publishes to it, and ``live`` follows it for subscriptions.
+
 start() runs the steps in order and reports each through ``progress``; stop() undoes them (stop the
 queries, close RocksDB cleanly, stop Spark). Errors a user can fix surface as NodeStartError with one
 line that says what to do.
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from iqgraph.app.cluster_queries import ClusterStoreQueries, RetryPolicy
 from iqgraph.app.health import PeerHealth
+from iqgraph.app.live import LocalLive
 from iqgraph.app.local_partitions import LocalPartitions
 from iqgraph.app.membership import (
     ClusterMap,
@@ -34,6 +38,7 @@ from iqgraph.app.tls import peer_verify
 from iqgraph.app.topic_watch import TopicWatch
 from iqgraph.app.topics import TopicCreationError, create_topics
 from iqgraph.stores import PartitionState, StateDirectory, StoreError
+from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.definitions import App, DefinitionError
 from iqgraph.streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
@@ -79,6 +84,8 @@ class Node:
         self.peers: PeerClient | None = None
         self.health: PeerHealth | None = None
         self.supervisor: QuerySupervisor | None = None
+        self.change_feed = ChangeFeed()  # what each committed batch changed, for the subscriptions
+        self.live: LocalLive | None = None
         self._hosted: dict[str, list[int]] = {}
         self.metrics = NodeMetrics(self._members, self._node_info, lambda: self.state.value)
 
@@ -153,7 +160,12 @@ class Node:
 
         types = value_types(self.app, self.spark)
         self.runner = StreamRunner(
-            self.app, self.spark, state_dir, self._runner_settings(), observer=self.metrics.batch_applied
+            self.app,
+            self.spark,
+            state_dir,
+            self._runner_settings(),
+            observer=self.metrics.batch_applied,
+            change_feed=self.change_feed,
         )
         try:
             self.runner.start(assignment)
@@ -194,6 +206,14 @@ class Node:
             retry=RetryPolicy(deadline_ms=self.settings.not_ready_deadline_ms),
             peer_states=peer_states,
             partitioner=self.topic_watch.partitioner,
+        )
+        self.live = LocalLive(
+            self.app,
+            runner.partitions,
+            self.change_feed,
+            partitioner=self.topic_watch.partitioner,
+            role=self._role,
+            node_id=self.settings.node_id,
         )
         self.membership.subscribe(self._on_new_map)
         if len(self.membership.current().members) > 1 or self.settings.membership == "kafka":

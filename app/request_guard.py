@@ -15,6 +15,11 @@ and the work of a request whose client went away cancelled.
    running ``WATCH_AFTER_S`` after its arrival listens for its client once its body is read: if the
    client goes away before the answer begins, the task is cancelled (its reads, its peers' sub-requests:
    their connections close, so the peers' guards cancel theirs) and nothing is sent (logged at INFO).
+4. An event stream (Accept lists ``text/event-stream``: GraphQL over SSE) is bounded the same way until its
+   answer begins; once it streams, the deadline no longer applies (it never cuts an answer that began) and
+   the app reads its client's messages itself, so it sees the disconnect of a client that goes away and
+   ends its stream (its subscription) — for any other request the guard answers ``http.disconnect`` only
+   once the answer is complete.
 
 Who answers a request is decided by ``_Guarded.state``, changed only synchronously on the event loop's
 thread, each change checked against the state before it: the app's first message makes it the one
@@ -48,6 +53,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[MutableMapping[str, Any], Receive, Send], Coroutine[Any, Any, None]]
 
+#: Why a request was cut short (``RequestGuard.count``'s reasons, the metric's label).
+HEADERS_TOO_LARGE, BODY_TOO_LARGE, TIMED_OUT, CLIENT_GONE = "headers_too_large", "body_too_large", "timeout", "client_gone"
+
 #: A request still running this long after its body was read starts listening for its client's disconnect;
 #: quicker ones (nearly all) pay for no listening task.
 WATCH_AFTER_S = 0.1
@@ -74,9 +82,12 @@ class _State(enum.Enum):
 class _Guarded:
     """One request under the guard: its body, its deadline, its client, and who answers it (see the module)."""
 
-    def __init__(self, guard: RequestGuard, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+    def __init__(
+        self, guard: RequestGuard, scope: MutableMapping[str, Any], receive: Receive, send: Send, streams: bool = False
+    ) -> None:
         self.guard = guard
         self.scope = scope
+        self.streams = streams  # an event stream: once it answers, its app listens for the client (see the module)
         self.state = _State.OPEN
         self._receive = receive
         self._send = send
@@ -85,6 +96,7 @@ class _Guarded:
         self._watch_due = False  # the watch delay passed while the body was still being read
         self._over = False  # nothing more will be sent
         self._over_event: asyncio.Event | None = None
+        self._decided: asyncio.Event | None = None  # set once the state leaves OPEN (an event stream's app waits)
         self._watcher: asyncio.Task[None] | None = None
         self._refusal: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -122,6 +134,7 @@ class _Guarded:
             body = await self._read_body()
         except http_spec.RequestError as refused:
             if self._claim(_State.REFUSED):
+                self.guard.count(BODY_TOO_LARGE)
                 await send_refusal(self._send, refused, close=True)
             return
         if body is None:  # the client went away while sending it
@@ -157,9 +170,20 @@ class _Guarded:
         if self._body is not None:
             body, self._body = self._body, None
             return {"type": "http.request", "body": body, "more_body": False}
+        if self.streams:
+            return await self._receive_streaming()
         if not self._over:
             self._over_event = self._over_event or asyncio.Event()
             await self._over_event.wait()
+        return {"type": "http.disconnect"}
+
+    async def _receive_streaming(self) -> Message:
+        """Return an event stream's client messages once its answer began; ``http.disconnect`` if it never will."""
+        if self.state is _State.OPEN:
+            self._decided = self._decided or asyncio.Event()
+            await self._decided.wait()
+        if self.state is _State.ANSWERING and not self._over:
+            return await self._receive()  # the guard's listener is gone: the app is the only reader
         return {"type": "http.disconnect"}
 
     async def send(self, message: Message) -> None:
@@ -167,6 +191,7 @@ class _Guarded:
         if self.state is _State.OPEN:
             self.state = _State.ANSWERING
             self._stop_watching()  # before the first message: a complete response reads as a disconnect
+            self._decide()
         elif self.state is not _State.ANSWERING:
             return
         if message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -180,7 +205,12 @@ class _Guarded:
         self.state = state
         self._stop_watching()
         self._end()
+        self._decide()
         return True
+
+    def _decide(self) -> None:
+        if self._decided is not None:
+            self._decided.set()
 
     def _end(self) -> None:
         self._over = True
@@ -203,6 +233,7 @@ class _Guarded:
         refusal = http_spec.timed_out(self.guard.timeout_ms)
         self._refusal = asyncio.get_running_loop().create_task(send_refusal(self._send, refusal, not self._read))
         log.warning("%s %s: no answer within %d ms: 504, its work cancelled", *self.named, self.guard.timeout_ms)
+        self.guard.count(TIMED_OUT)
 
     def _gone(self) -> None:
         """The client went away: unless an answer began, cancel the request's work (nothing will be sent)."""
@@ -210,6 +241,7 @@ class _Guarded:
             return
         self._task.cancel()
         log.info("%s %s: the client went away before the answer: its work cancelled", *self.named)
+        self.guard.count(CLIENT_GONE)
 
     def _watch(self) -> None:
         """Start listening for the client's disconnect (the body was read: nothing else can come)."""
@@ -243,6 +275,15 @@ async def send_refusal(send: Send, error: http_spec.RequestError, close: bool) -
     await send({"type": "http.response.body", "body": encode_json(body), "more_body": False})
 
 
+def wants_event_stream(scope: MutableMapping[str, Any]) -> bool:
+    """Return whether a request's Accept lists ``text/event-stream`` (GraphQL over SSE)."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"accept":
+            if any(part.split(b";", 1)[0].strip().lower() == b"text/event-stream" for part in value.split(b",")):
+                return True
+    return False
+
+
 def head_bytes(scope: MutableMapping[str, Any]) -> int:
     """Return the bytes of a request's line and headers as they came (``GET /p?q HTTP/1.1``, ``name: value``)."""
     query = scope.get("query_string") or b""
@@ -261,8 +302,15 @@ def content_length(scope: MutableMapping[str, Any]) -> int | None:
 class RequestGuard:
     """ASGI wrapper bounding every HTTP request of the node's server (see the module's docstring)."""
 
-    def __init__(self, app: App, limits: RequestLimits, body_bytes: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        app: App,
+        limits: RequestLimits,
+        body_bytes: Mapping[str, int] | None = None,
+        count: Callable[[str], None] | None = None,
+    ) -> None:
         self.app = app
+        self.count = count or (lambda reason: None)  # each request cut short, by reason (the node's metrics)
         self.max_body_bytes = limits.max_body_bytes
         self.body_bytes = dict(body_bytes or {})  # per path, a limit of its own (the peers' internal endpoint)
         self.max_header_bytes = limits.max_header_bytes
@@ -275,6 +323,7 @@ class RequestGuard:
             return
         size = head_bytes(scope)
         if size > self.max_header_bytes:
+            self.count(HEADERS_TOO_LARGE)
             await send_refusal(send, http_spec.headers_too_large(size, self.max_header_bytes), close=True)
             return
-        await _Guarded(self, scope, receive, send).run()
+        await _Guarded(self, scope, receive, send, wants_event_stream(scope)).run()

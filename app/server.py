@@ -20,10 +20,10 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from iqgraph.app.auth import Authenticator
-from iqgraph.app.auth_gate import AuthGate
+from iqgraph.app.auth_gate import AuthGate, init_authenticator
 from iqgraph.app.merging import finalize
 from iqgraph.app.metrics import scrape, tracing_extensions
 from iqgraph.app.node import Node, NodeStartError
@@ -83,6 +83,7 @@ def build_asgi(
         Route("/metrics", metrics, methods=["GET"]),
         graphiql_mount("/graphql"),  # GraphiQL's assets at /graphql/static (schema.graphiql)
         Route("/graphql", graphql, methods=["GET", "POST"]),
+        WebSocketRoute("/graphql", graphql),  # subscriptions over graphql-transport-ws (schema.asgi)
     ]
     if internal is not None:
         verifier = PeerVerifier(node.settings.cluster_secret or secrets.token_bytes(32))  # none: no peer gets in
@@ -95,7 +96,8 @@ def build_asgi(
     if authenticator is None:
         authenticator = Authenticator.from_settings(node.settings)
     peers_body = {INTERNAL_PATH: peer_body_bytes(node.settings)}  # a batch of many lookups: more than a client's
-    return RequestGuard(AuthGate(Starlette(routes=routes), authenticator), node.settings, peers_body)
+    clients = AuthGate(Starlette(routes=routes), authenticator, websocket_init_auth=True)  # or by connection_init
+    return RequestGuard(clients, node.settings, peers_body, node.metrics.request_cut)
 
 
 def peer_body_bytes(settings: Settings) -> int:
@@ -152,8 +154,11 @@ def pipeline_json(pipeline: PipelineInfo) -> dict[str, Any]:
     }
 
 
-def graphql_app(node: Node) -> tuple[Any, Any]:
-    """Return the Strawberry ASGI apps answering the node's store queries: clients', and peers' (internal)."""
+def graphql_app(node: Node, authenticator: Authenticator | None = None) -> tuple[Any, Any]:
+    """Return the Strawberry ASGI apps answering the node's store queries: clients', and peers' (internal).
+
+    authenticator: how a websocket is authenticated by its connection_init payload (None: the settings' one).
+    """
     from iqgraph.app.local_partitions import entity_infos
     from iqgraph.app.owner_fields import owner_field_infos
     from iqgraph.schema import GraphQLApp, Limits, build_schema
@@ -182,8 +187,18 @@ def graphql_app(node: Node) -> tuple[Any, Any]:
         extensions=tracing_extensions(settings.tracing),
         compiled=settings.compiled,
         introspection=settings.introspection,
+        subscriptions=True,
     )
-    public = GraphQLApp(schema, node.queries, limits, compiled=settings.compiled, require_principal=True)
+    authenticator = authenticator or Authenticator.from_settings(settings)
+    public = GraphQLApp(
+        schema,
+        node.queries,
+        limits,
+        compiled=settings.compiled,
+        require_principal=True,
+        live=node.live,
+        connection_auth=None if authenticator is None else init_authenticator(authenticator),
+    )
     internal_schema = build_internal_schema(
         limits, owner_field_infos(node.app), getattr(schema, "request_metrics", None)
     )
@@ -206,7 +221,7 @@ def serve(settings: Settings, app: App) -> int:
         raise
     node.watch_restore(progress)
     try:
-        asgi = build_asgi(node, *graphql_app(node), settings.raw_endpoint, authenticator)
+        asgi = build_asgi(node, *graphql_app(node, authenticator), settings.raw_endpoint, authenticator)
         print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)
         print(f"iqgraph: {settings.describe_security()}", flush=True)
         config = uvicorn.Config(
@@ -278,7 +293,12 @@ def print_schema(app: App) -> int:
         spark.stop()
     stores = [store_info(app, s, types[s.name]) for s in app.stores]
     schema = build_schema(
-        stores, Limits(), entities=entity_infos(app), owner_fields=owner_field_infos(app), description=app.description
+        stores,
+        Limits(),
+        entities=entity_infos(app),
+        owner_fields=owner_field_infos(app),
+        description=app.description,
+        subscriptions=True,  # the schema a node serves
     )
     sys.stdout.write(schema.as_str() + "\n")
     return 0

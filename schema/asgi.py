@@ -1,16 +1,25 @@
-"""The Strawberry ASGI app of a schema: /graphql over POST and GET, GraphiQL in a browser.
+"""The Strawberry ASGI app of a schema: /graphql over POST and GET, GraphiQL in a browser, subscriptions.
 
 Each request gets a fresh Context (its own DataLoaders) from ``context_getter``. Requests and responses
 follow the GraphQL over HTTP spec (``schema.http_spec`` holds its rules and the choices made): the media
 type is negotiated from Accept, a request is parsed and checked here rather than by Strawberry, and a
 refused one gets its HTTP status and a GraphQL-shaped error (code BAD_REQUEST unless a GraphQL one),
 never Strawberry's plain text.
+
+Given ``live``, subscriptions (and any operation) stream over two transports, both Strawberry's:
+graphql-transport-ws on a websocket at the same path (ping/pong; at most ``max_subscriptions_per_connection``
+operations at once, then LIMIT_EXCEEDED), and GraphQL over SSE (graphql-sse's distinct connections mode: a POST
+whose Accept lists ``text/event-stream`` gets ``next`` events, a ``complete`` event, and a ``: ping`` comment
+every 15 s). A websocket whose handshake carried no credentials (browsers cannot set its headers) is
+authenticated by its ``connection_init`` payload, ``{"Authorization": "Bearer …"}`` or ``{"x-api-key": …}``;
+refused: closed with 4403.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -19,17 +28,21 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
-from strawberry.exceptions import MissingQueryError
+from strawberry.exceptions import ConnectionRejectionError, MissingQueryError
 from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
+from strawberry.subscriptions import GRAPHQL_SSE_PROTOCOL, GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import SubscribeMessage
 from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
+from strawberry.types.unset import UNSET, UnsetType
 
 from iqgraph.schema import http_spec
 from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY, Principal, principal_of
 from iqgraph.schema.builder import IqGraphSchema
 from iqgraph.schema.context import Context, request_context
-from iqgraph.schema.errors import GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILED
+from iqgraph.schema.errors import GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILED, UNAUTHENTICATED, limit_exceeded
 from iqgraph.schema.graphiql import graphiql_html
 from iqgraph.schema.internal import answer_lookups, lookup_fields
 from iqgraph.schema.limits import Limits
@@ -39,10 +52,15 @@ if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
     from iqgraph.schema.compiled import RequestMetrics
-    from iqgraph.schema.types import PeerQueries, StoreQueries
+    from iqgraph.schema.types import LiveQueries, PeerQueries, StoreQueries
 
 #: The caller of a request nothing authenticated, where authentication is required: it may read no store.
 NOBODY = Principal("nobody", frozenset())
+#: Authenticate a websocket's connection_init credentials (headers by lower-case name) from a client address:
+#: the caller, or None if refused.
+ConnectionAuth = Callable[[Mapping[str, str], str | None], Awaitable[Principal | None]]
+#: The connection_init payload entries that carry a credential, as the header each stands for.
+_INIT_CREDENTIALS = {"authorization": "authorization", "x-api-key": "x-api-key"}
 
 
 def _sub_response(media_type: str | None) -> Response:
@@ -62,6 +80,30 @@ def encode_json(data: object) -> bytes:
         return json.dumps(data, separators=(",", ":")).encode()
 
 
+def init_credentials(payload: Mapping[str, Any] | None) -> dict[str, str]:
+    """Return the credentials of a connection_init payload as headers by lower-case name (keys of any case)."""
+    found: dict[str, str] = {}
+    for name, value in (payload or {}).items():
+        header = _INIT_CREDENTIALS.get(str(name).lower())
+        if header is not None and isinstance(value, str):
+            found[header] = f"{found[header]}, {value}" if header in found else value  # repeated: never valid
+    return found
+
+
+class _TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
+    """graphql-transport-ws; an operation past the connection's limit is refused with a coded error."""
+
+    async def handle_subscribe(self, message: SubscribeMessage) -> None:
+        """Start an operation, or refuse it with LIMIT_EXCEEDED when the connection runs as many as it may."""
+        limit = self.max_subscriptions_per_connection
+        running = len(self.operations)
+        if self.connection_acknowledged and limit is not None and running >= limit:
+            error = limit_exceeded("operations on one connection", limit, running + 1)
+            await self.send_message({"id": message["id"], "type": "error", "payload": [error.formatted]})
+            return
+        await super().handle_subscribe(message)
+
+
 class GraphQLApp(GraphQL[Context, None]):
     """Serve schema over HTTP, answering from queries within limits (give build_schema the same Limits).
 
@@ -70,8 +112,11 @@ class GraphQLApp(GraphQL[Context, None]):
     ``require_principal`` a request nothing authenticated may read no store, else it reads as ANONYMOUS.
     With ``local`` (the node's own partitions) this is the internal endpoint: its schema's internal
     fields answer from local partitions only — a forwarded request is never forwarded again, so nodes
-    cannot loop.
+    cannot loop. ``live`` is what subscriptions follow; ``connection_auth`` authenticates a websocket by its
+    connection_init payload (without it, only by its handshake's headers).
     """
+
+    graphql_transport_ws_handler_class = _TransportWSHandler
 
     def __init__(
         self,
@@ -82,13 +127,19 @@ class GraphQLApp(GraphQL[Context, None]):
         local: PeerQueries | None = None,
         compiled: bool = True,
         require_principal: bool = False,
+        live: LiveQueries | None = None,
+        connection_auth: ConnectionAuth | None = None,
         **options: Any,
     ) -> None:
+        if live is not None:  # what subscriptions follow: over graphql-transport-ws and SSE
+            options.setdefault("subscription_protocols", (GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_SSE_PROTOCOL))
         super().__init__(schema, **options)
         self.compiled = compiled  # serve what a compiled plan covers on the lean path
         self._limits = limits or Limits()
         self._queries = queries
         self._local = local
+        self._live = live
+        self._connection_auth = connection_auth
         self._anonymous = NOBODY if require_principal else ANONYMOUS
 
     def principal(self, request: Any) -> Principal:
@@ -100,23 +151,45 @@ class GraphQLApp(GraphQL[Context, None]):
     async def get_context(self, request: Any, response: Any) -> Context:
         """Return the context of one request, bound to its caller."""
         principal = self.principal(request)
-        return request_context(self._queries, self._limits, request, response, self._local, principal)
+        return request_context(self._queries, self._limits, request, response, self._local, principal, self._live)
+
+    async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
+        """Accept a websocket its handshake authenticated; else authenticate its connection_init payload."""
+        scope = context.request.scope if context.request is not None else {}
+        if PRINCIPAL_SCOPE_KEY in scope or self._anonymous is ANONYMOUS:
+            return UNSET
+        credentials = init_credentials(context.connection_params)
+        principal = None
+        if credentials and self._connection_auth is not None:
+            client = scope.get("client")
+            principal = await self._connection_auth(credentials, f"{client[0]}:{client[1]}" if client else None)
+        if principal is None:
+            raise ConnectionRejectionError({"code": UNAUTHENTICATED})
+        context.authenticate(principal)
+        return UNSET
+
+    def streams(self, headers: Mapping[str, str]) -> bool:
+        """Return whether a request asks for an event stream (SSE), and this app serves one."""
+        return self._get_stream_transport_from_headers(headers) is not None
 
     async def get_sub_response(self, request: Request | WebSocket) -> Response:
         """Return the response resolvers may add headers to; its media_type is the one Accept chose (or 406)."""
         accept = request.headers.get("accept")
         media_type = http_spec.negotiate(accept)
-        if media_type is None and isinstance(request, Request):
+        if media_type is None and isinstance(request, Request) and not self.streams(request.headers):
             if not self.should_render_graphql_ide(StarletteRequestAdapter(request)):
                 raise http_spec.not_acceptable(accept or "")
         return _sub_response(media_type)
 
     async def parse_http_body(self, request: AsyncHTTPRequestAdapter) -> GraphQLRequestData:
-        """Return the GraphQL-over-HTTP request of a GET's query string or a POST's JSON body."""
+        """Return the GraphQL-over-HTTP request of a GET's query string or a POST's JSON body (SSE: to stream)."""
         if request.method == "GET":
             return http_spec.graphql_request(http_spec.query_params(request.query_params))
         http_spec.check_content_type(request.content_type)
-        return http_spec.graphql_request(http_spec.decode_body(await request.get_body()))
+        data = http_spec.graphql_request(http_spec.decode_body(await request.get_body()))
+        if self.streams(request.headers):
+            data.protocol = "sse"
+        return data
 
     async def execute_single(
         self,
@@ -127,9 +200,15 @@ class GraphQLApp(GraphQL[Context, None]):
         root_value: None,
         request_data: GraphQLRequestData,
     ) -> ExecutionResult:
-        """Execute one request (GET runs queries only); refuse one that cannot run with the spec's status."""
+        """Execute one request (GET runs queries only); refuse one that cannot run with the spec's status.
+
+        With ``live``, a subscription POSTed for a JSON answer is refused (406): it streams (SSE, websocket).
+        """
         method = request_adapter.method
         get_allows = {OperationType.QUERY} if self.allow_queries_via_get else set()
+        allowed = get_allows if method == "GET" else OperationType.from_http(method)
+        if self._live is not None:
+            allowed = allowed - {OperationType.SUBSCRIPTION}
         try:
             return await self.schema.execute(
                 request_data.query,
@@ -137,10 +216,13 @@ class GraphQLApp(GraphQL[Context, None]):
                 variable_values=request_data.variables,
                 context_value=context,
                 operation_name=request_data.operation_name,
-                allowed_operation_types=get_allows if method == "GET" else OperationType.from_http(method),
+                allowed_operation_types=allowed,
                 operation_extensions=request_data.extensions,
             )
         except InvalidOperationTypeError as exc:
+            if exc.operation_type is OperationType.SUBSCRIPTION and method != "GET":
+                reason = "a subscription streams: POST it with Accept: text/event-stream, or use a websocket"
+                raise http_spec.RequestError(406, reason) from exc
             reason = f"{exc.as_http_error_reason(method)}: use POST"
             raise http_spec.RequestError(405, reason, headers={"allow": "POST"}) from exc
         except CannotGetOperationTypeError as exc:
@@ -190,7 +272,7 @@ class GraphQLApp(GraphQL[Context, None]):
         if not isinstance(schema, IqGraphSchema) or (schema.compiled is None and self._local is None):
             return None
         media_type = http_spec.negotiate(request.headers.get("accept"))
-        if media_type is None or request.method not in ("GET", "POST"):
+        if media_type is None or request.method not in ("GET", "POST") or self.streams(request.headers):
             return None
         try:
             if request.method == "GET":

@@ -36,6 +36,9 @@ relation fields             ``Relation("product", "Product", column="item")``: `
 owner-side fields           ``favourite_genre``: ``favouriteGenre(key, maxLag): <its type>`` and
                             ``favouriteGenreMany(keys, maxLag): [<its type>]``; a struct type is
                             named ``FavouriteGenre`` (schema.owner_fields)
+subscriptions (asked for)   ``orderCountWatch(keys, after)``, ``ordersPerMinuteWatchWindows(keys,
+                            from, after)``, ``itemsSoldWatchContains(keys)``; their types are named
+                            last (schema.subscriptions)
 ==========================  ===============================================================
 
 Fields that read stores are nullable, so a failure (an error in ``errors`` with its path) nulls only
@@ -89,6 +92,7 @@ from iqgraph.schema.relations import Target, entry_fields, value_links
 from iqgraph.schema.reports import ClusterReports
 from iqgraph.schema.resolving import MAX_LAG, StorePlan, StoreScope, checked_bound
 from iqgraph.schema.scalars import SCALARS, Long
+from iqgraph.schema.subscriptions import subscription_type
 from iqgraph.schema.types import EntityInfo, OwnerFieldInfo, StoreInfo
 from iqgraph.schema.value_types import LinkError, ValueTypes
 from iqgraph.schema.window_fields import WindowNode, window_node, window_type
@@ -160,6 +164,14 @@ class IqGraphSchema(strawberry.Schema):
         )
         return _finished(result)
 
+    async def stream(self, query: str | None, *args: Any, **kwargs: Any) -> Any:
+        """Stream an operation (a websocket's, an SSE request's) with a context of its own (Context.for_operation)."""
+        if len(args) > 1:  # the arguments of strawberry.Schema.stream: context_value is the third
+            args = (args[0], _for_operation(args[1]), *args[2:])
+        elif "context_value" in kwargs:
+            kwargs["context_value"] = _for_operation(kwargs["context_value"])
+        return await super().stream(query, *args, **kwargs)
+
     async def execute_compiled(
         self,
         query: str | None,
@@ -182,6 +194,11 @@ class IqGraphSchema(strawberry.Schema):
     def process_errors(self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None) -> None:
         """Log the errors of one request (before ErrorCodes masks them)."""
         log_errors(errors)
+
+
+def _for_operation(context: Any) -> Any:
+    """Return the context one operation of a connection runs with: fresh reports and loaders (ours), else context."""
+    return context.for_operation() if isinstance(context, Context) else context
 
 
 def _finished(result: ExecutionResult) -> ExecutionResult:
@@ -303,6 +320,7 @@ def build_schema(
     extensions: Sequence[Callable[[], SchemaExtension]] = (),
     compiled: bool = True,
     introspection: bool = True,
+    subscriptions: bool = False,
 ) -> strawberry.Schema:
     """Return the schema in which every store and every entity is a typed root field, next to the metadata fields.
 
@@ -315,7 +333,8 @@ def build_schema(
     (fewer when they are long: schema.limits.DocumentCache). With metrics, every request is counted and
     timed (schema.metrics); extensions (e.g. tracing) are added after the built-in ones. compiled: queries
     over store fields run as compiled plans (schema.compiled) unless extensions are given. Without
-    introspection, a document asking for ``__schema`` or ``__type`` fails validation.
+    introspection, a document asking for ``__schema`` or ``__type`` fails validation. subscriptions: add the
+    Subscription type (schema.subscriptions), served from the context's ``live``.
     """
     settled = limits or Limits()
     names = TypeNames(RESERVED_TYPES)
@@ -330,13 +349,15 @@ def build_schema(
         *_owner_fields(owner_fields, settled, names, plans, entity_fields),
     ]
     query = object_type("Query", fields, description)
+    subscription = subscription_type(plans, names) if subscriptions else None
     rules: list[type[ASTValidationRule]] = [] if introspection else [NoSchemaIntrospectionCustomRule]
     checks = DocumentChecks(settled, cache_size, rules)  # tokens, aliases, depth; caches bounded (schema.limits)
     installed: list[Callable[[], SchemaExtension]] = [ErrorCodes, ClusterReports, *checks.extensions(), *extensions]
     store_fields = {p.field: name for name, p in plans.items()}
     if metrics is not None:  # first: its operation hook ends last, timing and seeing the final errors
         installed.insert(0, lambda: MetricsExtension(metrics, store_fields, frozenset(plans)))
-    schema = IqGraphSchema(query=query, extensions=installed, config=StrawberryConfig(scalar_map=SCALARS))
+    config = StrawberryConfig(scalar_map=SCALARS)
+    schema = IqGraphSchema(query=query, subscription=subscription, extensions=installed, config=config)
     if compiled and not extensions:  # another extension would not see compiled requests
         roots = {*store_fields, *METADATA_FIELDS, *(f.name for f in entity_fields)}
         schema.compiled = CompiledQueries(schema._schema, roots, checks.rules, cache_size, settled.max_tokens)

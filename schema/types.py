@@ -3,13 +3,14 @@
 Resolvers call a StoreQueries (held in the request context, bound to the request's reports); the app
 implements it once, over the cluster map (a single node is a one-member map): keys routed to their
 partitions' replicas, local partitions read in place, ONE forwarded sub-request per peer. A peer's
-forwarded sub-request is answered by PeerQueries: the node's own partitions only. Nouns follow Kafka
+forwarded sub-request is answered by PeerQueries: the node's own partitions only. Subscriptions follow
+keys through LiveQueries (a store read, then the owner's change feed). Nouns follow Kafka
 Streams' interactive queries: KeyQueryMetadata (active node, standby nodes, partition), store metadata.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -305,6 +306,46 @@ class StoreQueries(Protocol):
 
     async def call_many(self, field: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Result]:
         """Return an owner-side field's value per key, each run on the node serving the key (app.owner_fields)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LiveChange:
+    """One watched key's value, pushed after a committed batch or read from the store (snapshot).
+
+    position is where a resume picks up in partition once the subscriber has this change: every change of the
+    watched keys at or before it there has been delivered (or superseded by one delivered). Pass the last
+    position of each partition as ``after`` to resume without gap or duplicate.
+    """
+
+    key: Key
+    value: Any  # finalized; None: absent or deleted; True for a bloom key; an exception if it failed
+    partition: int
+    position: int
+    window_start: int | None = None
+    window_end: int | None = None
+    dropped: int = 0  # earlier values of this key (window) conflated away since the last one delivered
+    snapshot: bool = False  # read from the store (start, resume, catching up after falling behind), not pushed
+
+
+class LiveQueries(Protocol):
+    """Changes of a store's keys as they are applied: what subscription resolvers follow."""
+
+    def watch(
+        self,
+        store: str,
+        keys: Sequence[Key],
+        *,
+        after: Mapping[int, int] | None = None,
+        window_from: int | None = None,
+        principal: Principal = ANONYMOUS,
+    ) -> AsyncGenerator[LiveChange, None]:
+        """Yield the keys' current values (those newer than after), then every change, until closed.
+
+        after: per partition, the position the subscriber has (a resume). window_from: a window store's earliest
+        window start. Bloom stores yield each key once, when it is (probably) contained. Raises the coded error
+        of a store the caller may not read, a key that cannot be routed or followed here.
+        """
         ...
 
 

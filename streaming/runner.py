@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
+from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.kafka_offsets import KafkaOffsets
@@ -102,9 +103,14 @@ class StreamRunner:
         state_dir: StateDirectory,
         settings: RunnerSettings,
         observer: BatchObserver | None = None,
+        change_feed: ChangeFeed | None = None,
     ) -> None:
+        """Args:
+        change_feed: where every sink publishes its committed changes (the node's, kept across restarts).
+        """
         self.app = app
         self.observer = observer  # hears every applied micro-batch (e.g. the node's metrics)
+        self.change_feed = change_feed
         self.spark = spark
         self.state_dir = state_dir
         self.settings = settings
@@ -161,6 +167,7 @@ class StreamRunner:
             self._committed(topic),
             observer=self.observer,
             tables=lambda table_topic: self.partitions.get(table_topic, {}),
+            change_feed=self.change_feed,
         )
         self._sinks.append(sink)
         checkpoint = Path(tempfile.mkdtemp(prefix=f"iqgraph-{self.app.name}-{topic}-"))

@@ -132,7 +132,11 @@ def ask(client: httpx.Client, node: NodeProcess, keys: Sequence[str], many: bool
     before, sent = ingest.produced, time.monotonic()
     try:
         response = client.post(f"{node.url}/graphql", json={"query": query, "variables": variables}, timeout=30)
-        body = response.json() if response.status_code == 200 else {"errors": [f"HTTP {response.status_code}"]}
+        if response.status_code == 200:
+            body = response.json()
+        else:  # an error answer, with what the node said (its errors' codes) when it said it in JSON
+            said = response.json() if response.headers.get("content-type", "").find("json") >= 0 else {}
+            body = {**said, "errors": [f"HTTP {response.status_code}", *(said.get("errors") or [])]}
     except (httpx.HTTPError, ValueError) as exc:
         body = {"errors": [f"{exc.__class__.__name__}: {exc}"]}
     return Answered(node.id, tuple(keys), many, sent, time.monotonic(), before, ingest.produced, body)
