@@ -19,7 +19,7 @@ Metrics (all prefixed ``iqgraph_``)::
     batch_duration_seconds{topic}                    histogram  micro-batch: Spark job + merge into the stores
     batch_records{topic}                             histogram  records (offsets) applied per micro-batch
     bad_records_total{store}                         counter    bad records counted (invariant 7)
-    requests_cut_total{reason}                       counter    requests cut short: headers/body too large, timeout, client gone
+    requests_cut_total{reason}                       counter    requests cut short (too large, timeout, client gone)
     node_state{state}                                gauge      1 for the node's current state
     partitions{role,state}                           gauge      hosted partitions
     partition_lag_records{topic,partition,role}      gauge      records the partition's stores are behind

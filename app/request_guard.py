@@ -54,7 +54,8 @@ Send = Callable[[Message], Awaitable[None]]
 App = Callable[[MutableMapping[str, Any], Receive, Send], Coroutine[Any, Any, None]]
 
 #: Why a request was cut short (``RequestGuard.count``'s reasons, the metric's label).
-HEADERS_TOO_LARGE, BODY_TOO_LARGE, TIMED_OUT, CLIENT_GONE = "headers_too_large", "body_too_large", "timeout", "client_gone"
+HEADERS_TOO_LARGE, BODY_TOO_LARGE = "headers_too_large", "body_too_large"
+TIMED_OUT, CLIENT_GONE = "timeout", "client_gone"
 
 #: A request still running this long after its body was read starts listening for its client's disconnect;
 #: quicker ones (nearly all) pay for no listening task.
