@@ -5,9 +5,9 @@
 with one GraphQL error ``UNAUTHENTICATED`` and no data (a websocket is closed with 4401 before it is
 accepted). With ``websocket_init_auth``, a websocket whose handshake carries no credentials (a browser cannot
 set its headers) passes without a principal: the GraphQL app authenticates its ``connection_init`` payload
-or closes it (``schema.asgi``). Probes, ``/metrics``, GraphiQL's page and assets, and the peers' ``/internal/`` endpoint
-(app.peer_auth checks their signatures) are not protected; every other path is, so an endpoint added later
-is protected unless it is named here.
+or closes it (``schema.asgi``). Probes, ``/metrics``, GraphiQL's page and assets, the app's ``/dashboard`` page
+and the peers' ``/internal/`` endpoint (app.peer_auth checks their signatures) are not protected; every other
+path is, so an endpoint added later is protected unless it is named here.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY, Principal
 from iqgraph.schema.asgi import ConnectionAuth
 from iqgraph.schema.errors import UNAUTHENTICATED
 
-#: Paths a request may reach without a principal: probes, metrics, GraphiQL's assets, the peers' endpoint.
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/internal"})
+#: Paths a request may reach without a principal: probes, metrics, GraphiQL's assets, the peers' endpoint, the
+#: app's dashboard (a static page holding no data: its websocket authenticates by connection_init).
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/internal", "/dashboard"})
 PUBLIC_PREFIXES = ("/graphql/static/", "/internal/")
 #: The 401's body: one GraphQL error, no data, nothing about why.
 REFUSAL_BODY = orjson.dumps(

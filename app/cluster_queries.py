@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -217,6 +217,18 @@ class ClusterStoreQueries:
     def url_of(self, node_id: str | None) -> str | None:
         """Return the URL of a member."""
         return None if node_id is None else self.membership.current().url_of(node_id)
+
+    def serving(
+        self, topic: str, partition: int, max_lag: int | None, excluded: Collection[str] = ()
+    ) -> routing.Server | routing.Refusal:
+        """Return the replica that serves topic-partition now under the failover rules (a live source's choice)."""
+        bound = self.max_lag if max_lag is None else max_lag
+        cmap = self.membership.current()
+        return routing.choose(cmap, self._replica, topic, partition, bound, excluded, self.node_id)
+
+    def peer_failed(self, node: str) -> None:
+        """Record that node failed a live source: routing skips it until it answers a poll again."""
+        self._mark_down(node)
 
     # -- routing inputs ---------------------------------------------------------------------------
 

@@ -2,10 +2,10 @@
 
 One line per step: start the broker, create the app's topics, feed them (the app's generator, a JSON-lines
 file, or nothing — then the exact ``iqgraph produce`` line to use), start the nodes, print their GraphiQL
-URLs and an example query built from the served schema. Ctrl-C (or ``--duration``) stops the feed, then
-the nodes, then the broker: the broker and the node processes run in process groups of their own, so the
-terminal's Ctrl-C reaches only this process, which stops them in that order. ``iqgraph demo`` is
-``iqgraph dev`` with the shop example.
+URLs, an example query and an example subscription built from the served schema, and the app's dashboard
+URL. Ctrl-C (or ``--duration``) stops the feed, then the nodes, then the broker: the broker and the node
+processes run in process groups of their own, so the terminal's Ctrl-C reaches only this process, which
+stops them in that order. ``iqgraph demo`` is ``iqgraph dev`` with the shop example.
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ import orjson
 from confluent_kafka import KafkaException
 
 from iqgraph.app.data_file import BadLine, read_records
-from iqgraph.app.example_query import INTROSPECTION, example_query, sample_keys, schema_from_introspection
+from iqgraph.app.example_query import (
+    INTROSPECTION,
+    example_query,
+    example_subscription,
+    sample_keys,
+    schema_from_introspection,
+)
 from iqgraph.app.loading import load_app
 from iqgraph.app.producer import ONE_RECORD_PER_REQUEST, produce_events, produce_records, producer_config
 from iqgraph.app.settings import SettingsError, load_settings
@@ -142,6 +148,8 @@ class DevRun:
         if self.feed is not None:
             self.feed.start()
         self._print_example()
+        if self.app.dashboard is not None:
+            self.say(f"dashboard at {self.nodes[0].url}/dashboard")
         self._check_interrupted()
         self.say("Ctrl-C stops everything")
 
@@ -282,8 +290,16 @@ class DevRun:
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             self.say(f"no example query: the schema could not be read ({exc}); GraphiQL's docs show every field")
             return
-        query = example_query(schema, self.app, sample_keys(self.app, self.samples))
-        self.say("an example query to paste into GraphiQL:\n" + query)
+        keys = sample_keys(self.app, self.samples)
+        self.say("an example query to paste into GraphiQL:\n" + example_query(schema, self.app, keys))
+        subscription = example_subscription(schema, self.app, keys)
+        if subscription is not None:
+            url = self.nodes[0].url
+            self.say(
+                "a subscription to paste into GraphiQL (each new value, live; a client's websocket: "
+                f"{url.replace('http', 'ws', 1)}/graphql, graphql-transport-ws; or GraphQL over SSE: POST to "
+                f"{url}/graphql with Accept: text/event-stream):\n" + subscription
+            )
 
 
 @dataclass

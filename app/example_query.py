@@ -3,7 +3,8 @@
 It is built from the served schema (introspected), so it is valid for any app: for each store one
 point read — ``get`` (key-value), ``fetch`` (window), ``mightContain`` (bloom) — with a key seen in
 the data fed to the app, and every scalar field of the value selected (a ranking: its top five over all
-groups); then each entity for a key one of its stores has, with its scalar fields.
+groups); then each entity for a key one of its stores has, with its scalar fields. ``example_subscription``
+follows the first key-value store's key live (``<store>Watch``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,19 @@ def example_query(schema: GraphQLSchema, app: App, keys: Mapping[str, Any]) -> s
         if field is not None and key is not None:
             lines.append(f"  {camel_case(entity.name)}(key: {orjson.dumps(key).decode()}){_selection(field)}")
     return "{\n" + "\n".join(lines) + "\n}" if lines else "{ stores { name kind keyType valueType } }"
+
+
+def example_subscription(schema: GraphQLSchema, app: App, keys: Mapping[str, Any]) -> str | None:
+    """Return a subscription following the sample key of the first store it can follow (None: no such store)."""
+    subscription = schema.subscription_type
+    for store in app.stores:
+        name = f"{camel_case(store.name)}Watch"
+        field = None if subscription is None else subscription.fields.get(name)
+        if field is not None and store.name in keys:
+            value = f"value{_selection(_named(field.type).fields['value'])}"
+            key = orjson.dumps(keys[store.name]).decode()
+            return f"subscription {{\n  {name}(keys: [{key}]) {{ key {value} position {{ partition offset }} }}\n}}"
+    return None
 
 
 def _point_read(store_type: Any, key: Any) -> str:

@@ -1,50 +1,94 @@
-"""Live queries on the owner: a store's keys followed on this node's change feed (schema.types.LiveQueries).
+"""Live queries through any node: a store's keys followed wherever their partitions are served.
 
-A watch checks the caller may read the store (``schema.access.check_read``), routes its keys to their
-partitions as reads do (``app.routing``: the producers' partitioner), subscribes to the node's
-``ChangeFeed``, reads the partitions' current states and follows the feed from there
-(``read_then_follow``: nothing missed, nothing sent twice), then yields each change as the feed delivers it
-(``app.live_values`` turns states into values). A subscriber more than its buffer behind
-(``SubscriptionOverflowError``) is caught up by reading the store again.
+``Live.watch`` (``schema.types.LiveQueries``) checks the caller may read the store
+(``schema.access.check_read``), routes the keys to their partitions as reads do (``app.routing``: the
+producers' partitioner) and follows each partition on the replica the failover rules choose
+(``ClusterStoreQueries.serving``: the active copy, or a standby within the staleness bound when the active
+is down). Partitions served here are followed on this node's change feed (``app.live_follow``); partitions
+served by a peer through that peer's relay (``app.live_relay``: one upstream per peer, every local
+subscription's keys on it). Every source sends ``Rows`` (a snapshot read at a position, or one batch's
+changes); the watch keeps, per partition, the position its subscriber has, and passes on only what is
+newer — so a source replaced mid-stream (a peer killed, a partition moved, a subscriber that fell behind)
+is followed again from those positions on whichever replica serves now: no gap, no duplicate.
+``app.live_values`` turns states into the values sent; a change read from a standby carries its lag.
 
-Only keys whose partitions this node hosts as the active copy are followed: a key elsewhere fails
-STORE_NOT_AVAILABLE naming its partition before anything is sent — following keys through any node
-(forwarded to their owner) is issue 13's part 3 — and a partition that moves away while it is followed
-(checked every ``check_every_s`` while nothing comes) ends the subscription with STORE_MIGRATED. A partition
-not queryable yet (restoring) fails STORE_NOT_READY. The node's feed bounds the subscriptions it holds
-(``ChangeFeed.max_subscriptions``): one more is LIMIT_EXCEEDED.
+A partition no replica can serve is retried until the queries' deadline (``RetryPolicy.deadline_ms``), then
+ends the subscription with its coded error (STORE_NOT_AVAILABLE, STALE_BEYOND_BOUND, …).
+
+``Live.serve_peer`` is the owner's side of a relay's upstream (``app.live_stream``'s endpoint): it follows
+partitions hosted here for a peer, checking the caller the peer carried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+import itertools
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from iqgraph.app import routing
+from iqgraph.app.live_follow import Interest, Rows, follow_partitions, partitions_of
+from iqgraph.app.live_relay import MemberOverflowError, Relays
+from iqgraph.app.live_stream import encode_request, open_changes, open_follow
 from iqgraph.app.live_values import WatchedKeys
 from iqgraph.app.local_partitions import definition_of
+from iqgraph.app.peers import PeerError, PeerUnavailableError
+from iqgraph.app.store_changes import store_changes
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read
-from iqgraph.schema.errors import STORE_NOT_AVAILABLE, ApiError, api_error, invalid_argument, limit_exceeded
-from iqgraph.schema.types import LiveChange
-from iqgraph.stores import Key, PartitionStores, StoreError, StoreKind, StoreMigratedError
-from iqgraph.streaming.change_feed import (
-    Change,
-    ChangeFeed,
-    Subscription,
-    SubscriptionClosedError,
-    SubscriptionOverflowError,
-    TooManySubscriptionsError,
-    read_then_follow,
+from iqgraph.schema.errors import (
+    NODE_UNAVAILABLE,
+    STALE_BEYOND_BOUND,
+    STORE_MIGRATED,
+    STORE_NOT_AVAILABLE,
+    STORE_NOT_READY,
+    ApiError,
+    api_error,
+    invalid_argument,
+    limit_exceeded,
 )
+from iqgraph.schema.types import LiveChange
+from iqgraph.stores import Key, PartitionState, PartitionStores, StoreError, StoreKind, StoreNotReadyError
+from iqgraph.streaming.change_feed import ChangeFeed
+from iqgraph.streaming.change_set import Change
 from iqgraph.streaming.definitions import App, StoreDefinition
+from iqgraph.streaming.snapshots import Snapshot
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from iqgraph.app.cluster_queries import ClusterStoreQueries
+    from iqgraph.app.peers import PeerClient
 
 WATCHABLE = (StoreKind.KEY_VALUE, StoreKind.WINDOW, StoreKind.BLOOM)
 Hosted = Mapping[str, Mapping[int, PartitionStores]]
+MAX_QUEUED = 1_024  # a source's events a watch may hold before the source is made to start again
+MAX_PEER_KEYS = 1_000_000
+MAX_BACKOFF_S = 2.0
+MAX_AHEAD = 2  # events a local source reads ahead of its subscriber (the rest stays in the feed, conflated)
+CHANGES_START_S = 5.0  # how long store_changes waits for every node to follow before its first yield
+#: The codes a watch follows a partition again after (elsewhere, or once it is ready); any other ends it.
+RETRIED = frozenset(
+    {STORE_MIGRATED, STORE_NOT_READY, STORE_NOT_AVAILABLE, STALE_BEYOND_BOUND, NODE_UNAVAILABLE}
+)  # keys one peer's relay may follow here
 
 
-class LocalLive:
-    """Follow the keys of the partitions this node owns, from its change feed (``watch``)."""
+@dataclass
+class _Source:
+    """Where a watch follows some of its partitions: this node's feed (a task) or a peer's relay (a member)."""
+
+    node: str
+    partitions: list[int]
+    stop: Callable[[], None]
+
+
+class Live:
+    """Follow stores' keys on the nodes that serve them (``watch``), and serve peers' relays (``serve_peer``)."""
 
     def __init__(
         self,
@@ -55,12 +99,17 @@ class LocalLive:
         partitioner: Callable[[str], str],
         role: Callable[[str, int], str] | None = None,
         node_id: str = "node-0",
+        queries: ClusterStoreQueries | None = None,
+        peers: PeerClient | None = None,
+        lag: Callable[[str, int], int | None] | None = None,
         check_every_s: float = 2.0,
     ) -> None:
         """Args:
         partitions: topic → partition → stores this node hosts, now (the runner's live dict).
         partitioner: the partitioner a topic's keys are routed by (configured, or detected).
         role: "active" or "standby" of this node's copy of a topic-partition (default: active).
+        queries: the cluster's routing (None: one node, only its own active partitions are followed).
+        peers: the client of peers' endpoints (their relays' upstreams). lag: this node's lag of a partition.
         """
         self.app = app
         self.partitions = partitions
@@ -68,7 +117,14 @@ class LocalLive:
         self.partitioner = partitioner
         self.role = role or (lambda topic, partition: "active")
         self.node_id = node_id
+        self.queries = queries
+        self.peers = peers
+        self.lag = lag or (lambda topic, partition: None)
         self.check_every_s = check_every_s
+        self.relays = Relays()
+        self._tags = itertools.count()
+
+    # -- a subscriber's watch --------------------------------------------------------------------------
 
     async def watch(
         self,
@@ -78,36 +134,18 @@ class LocalLive:
         after: Mapping[int, int] | None = None,
         window_from: int | None = None,
         principal: Principal = ANONYMOUS,
+        max_lag: int | None = None,
     ) -> AsyncGenerator[LiveChange, None]:
         """Yield the keys' values newer than after, then every change, until the subscriber goes away."""
         check_read(principal, store)
         definition = self._definition(store)
         routed = self._route(definition, keys)
-        hosted = self._owned(definition, routed)
+        watch = _Watch(self, definition, routed, after or {}, window_from, principal, max_lag)
         try:
-            subscription = self.feed.subscribe(definition.topic, {store: keys}, after=after)
-        except TooManySubscriptionsError:
-            limit = self.feed.max_subscriptions
-            raise limit_exceeded("subscriptions on this node", limit, limit + 1) from None
-        watched = WatchedKeys(definition, routed, window_from)
-        try:
-            for change in await self._snapshot(subscription, watched, hosted):
+            async for change in watch.run():
                 yield change
-            while True:
-                try:
-                    found = await self._next(subscription, definition, hosted)
-                except SubscriptionOverflowError:
-                    for change in await self._snapshot(subscription, watched, hosted):
-                        yield change
-                    continue
-                except SubscriptionClosedError:
-                    return
-                position = subscription.positions().get(found.partition, found.offset)
-                made = watched.change(found, position)
-                if made is not None:
-                    yield made
         finally:
-            subscription.close()
+            await watch.close()
 
     def _definition(self, store: str) -> StoreDefinition:
         try:
@@ -129,57 +167,436 @@ class LocalLive:
                 routed.setdefault(p, []).append(key)
         return routed
 
-    def _owned(self, definition: StoreDefinition, routed: Mapping[int, Sequence[Key]]) -> dict[int, PartitionStores]:
-        """Return the stores of each partition routed to; STORE_NOT_AVAILABLE for one this node does not own."""
-        topic, hosted = definition.topic, self.partitions.get(definition.topic, {})
-        owned: dict[int, PartitionStores] = {}
-        for p in sorted(routed):
-            stores = hosted.get(p)
-            if stores is None or self.role(topic, p) != "active":
-                copy = "is not hosted" if stores is None else "is only a standby copy"
-                raise ApiError(
-                    f"partition {topic}-{p} (key {routed[p][0]!r}) {copy} on {self.node_id}: subscribe on the node "
-                    "that owns it (keyMetadata names it)",
-                    STORE_NOT_AVAILABLE,
-                    partition=p,
-                    retryAfterMs=1000,
-                )
-            owned[p] = stores
-        return owned
+    def serving(
+        self, topic: str, partition: int, max_lag: int | None, excluded: set[str]
+    ) -> routing.Server | routing.Refusal:
+        """Return who serves topic-partition to a watch now (one node: this one, if its copy is the active)."""
+        if self.queries is not None:
+            return self.queries.serving(topic, partition, max_lag, excluded)
+        if partition in self.partitions.get(topic, {}) and self.role(topic, partition) == "active":
+            return routing.Server(self.node_id, "active")
+        copy = "is only a standby copy" if partition in self.partitions.get(topic, {}) else "is not hosted"
+        message = f"partition {topic}-{partition} {copy} on {self.node_id}, which serves no other node's partitions"
+        return routing.Refusal(STORE_NOT_AVAILABLE, message, partition)
 
-    async def _snapshot(
-        self, subscription: Subscription, watched: WatchedKeys, hosted: Mapping[int, PartitionStores]
-    ) -> list[LiveChange]:
-        """Read the watched keys' partitions and follow on from there; return what the read has to send."""
-        before = subscription.positions()
-        databases = {p: stores.db for p, stores in hosted.items()}
-        read = functools.partial(watched.read, hosted)
+    def store_changes_here(self, store: str, *, principal: Principal = ANONYMOUS) -> AsyncGenerator[int, None]:
+        """Yield 0 once store is followed, then how many of its keys each batch changed on this node's active
+        partitions (``app.store_changes``)."""
+        return store_changes(self.app, self.partitions, self.feed, self.role, store, principal=principal)
+
+    async def store_changes(self, store: str, *, principal: Principal = ANONYMOUS) -> AsyncGenerator[int, None]:
+        """Yield 0 once store is followed on every node, then how many of its keys batches changed on any active.
+
+        Each peer streams its own count (``/internal/changes``); a peer that fails is asked again every second
+        (its partitions' batches are counted again once a node serves them as the active).
+        """
+        check_read(principal, store)
         try:
-            snapshots = await asyncio.to_thread(read_then_follow, self.feed, subscription, databases, read)
+            definition_of(self.app, store)
         except StoreError as exc:
             raise api_error(exc) from None
-        return watched.snapshot(snapshots, before)
+        peers = [] if self.queries is None else sorted(self.queries.membership.current().members)
+        counts: asyncio.Queue[int] = asyncio.Queue()
+        started = [asyncio.Event() for _ in peers] or [asyncio.Event()]
+        tasks = [
+            asyncio.create_task(self._count(node, store, principal, counts, ready))
+            for node, ready in zip(peers or [self.node_id], started, strict=True)
+        ]
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), CHANGES_START_S)
+            for task in tasks:
+                if task.done() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            yield 0
+            while True:
+                found = await counts.get()
+                while not counts.empty():
+                    found += counts.get_nowait()
+                if found:
+                    yield found
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:  # their feed subscriptions closed when this returns
+                with contextlib.suppress(BaseException):
+                    await task
 
-    async def _next(
-        self, subscription: Subscription, definition: StoreDefinition, hosted: Mapping[int, PartitionStores]
-    ) -> Change:
-        """Return the next change; while none comes, check every check_every_s that the partitions are still here."""
+    async def _count(
+        self, node: str, store: str, principal: Principal, counts: asyncio.Queue[int], ready: asyncio.Event
+    ) -> None:
+        """Put node's counts of store's changed keys in counts (again after a failure), ready at its first."""
         while True:
-            found = subscription.poll()
-            if found is not None:
-                return found
             try:
-                return await asyncio.wait_for(subscription.next(), self.check_every_s)
-            except TimeoutError:
-                self._check_still_owned(definition, hosted)
+                found: AsyncIterator[int]
+                if node == self.node_id:
+                    found = self.store_changes_here(store, principal=principal)
+                else:
+                    assert self.queries is not None and self.peers is not None  # noqa: S101 - only with peers
+                    url = self.queries.url_of(node)
+                    if url is None:
+                        return
+                    found = open_changes(self.peers.stream_client(), self.peers.signer, url, store, principal)
+                async with contextlib.aclosing(found) as stream:  # type: ignore[type-var]
+                    async for n in stream:
+                        ready.set()
+                        counts.put_nowait(n)
+            except ApiError as exc:
+                if exc.code not in RETRIED:
+                    raise
+            except (PeerError, OSError, ConnectionError) as exc:
+                log.info("changes of %s on %s stopped (%r): asking again", store, node, exc)
+            ready.set()
+            counts.put_nowait(1)  # something may have changed while it was not followed
+            await asyncio.sleep(1.0)
 
-    def _check_still_owned(self, definition: StoreDefinition, hosted: Mapping[int, PartitionStores]) -> None:
-        """Raise STORE_MIGRATED if a followed partition was closed or handed over (its changes would stop)."""
-        now = self.partitions.get(definition.topic, {})
-        for p, stores in hosted.items():
-            if now.get(p) is not stores or self.role(definition.topic, p) != "active":
-                moved = StoreMigratedError(
-                    f"partition {definition.topic}-{p} moved away from {self.node_id} while it was followed: "
-                    "subscribe again with after (your last positions) on its owner"
-                )
-                raise api_error(moved)
+    # -- the owner's side of a peer's relay ----------------------------------------------------------
+
+    async def serve_peer(
+        self,
+        topic: str,
+        interest: Interest,
+        after: Mapping[int, int],
+        window_from: Mapping[str, int | None],
+        standby: bool,
+        principal: Principal,
+    ) -> AsyncGenerator[Rows, None]:
+        """Yield the rows of interest's partitions hosted here to a peer's relay, checking its caller."""
+        for store in interest:
+            check_read(principal, store)
+            if self._definition(store).topic != topic:
+                raise invalid_argument("interest", f"store {store} is not of topic {topic}")
+        count = sum(len(keys) for ps in interest.values() for keys in ps.values())
+        if count > MAX_PEER_KEYS:
+            raise limit_exceeded("keys a peer follows", MAX_PEER_KEYS, count)
+        hosted = {p: self._serves(topic, p, standby) for p in partitions_of(interest)}
+        roles = {p: self.role(topic, p) for p in hosted}
+
+        def still_serves(p: int, stores: PartitionStores) -> bool:
+            now = self.partitions.get(topic, {}).get(p)
+            return now is stores and (standby or self.role(topic, p) == "active")
+
+        def lag(p: int) -> int | None:
+            if roles[p] == "active":
+                return None
+            found = self.lag(topic, p)
+            return 0 if found is None else found  # a standby's rows always say so (its end offset not known yet: 0)
+
+        follow = follow_partitions(
+            self.app,
+            self.feed,
+            topic,
+            hosted,
+            interest,
+            after=after,
+            window_from=window_from,
+            still_serves=still_serves,
+            lag=lag,
+            check_every_s=self.check_every_s,
+        )
+        async with contextlib.aclosing(follow) as rows:
+            async for found in rows:
+                yield found
+
+    def _serves(self, topic: str, partition: int, standby: bool) -> PartitionStores:
+        """Return the stores of a partition this node may serve a watch from, or why not (coded)."""
+        stores = self.partitions.get(topic, {}).get(partition)
+        if stores is None or not (standby or self.role(topic, partition) == "active"):
+            copy = "is not hosted" if stores is None else "is only a standby copy"
+            raise ApiError(
+                f"partition {topic}-{partition} {copy} on {self.node_id}", STORE_MIGRATED, partition=partition
+            )
+        if stores.db.state is not PartitionState.RUNNING:
+            state = stores.db.state.value
+            raise api_error(
+                StoreNotReadyError(f"partition {topic}-{partition} is {state} on {self.node_id}", state=state)
+            )
+        return stores
+
+    def _local_source(
+        self,
+        topic: str,
+        interest: Interest,
+        after: Mapping[int, int],
+        window_from: Mapping[str, int | None],
+        standby: bool,
+    ) -> AsyncGenerator[Rows, None]:
+        return self.serve_peer(topic, interest, after, window_from, standby, _LOCAL)
+
+    def _open_stream(self, node: str, topic: str, standby: bool, caller: Principal) -> Callable[..., Any]:
+        """Return how a relay opens its upstream to node (a signed follow request)."""
+        assert self.queries is not None and self.peers is not None  # noqa: S101 - only with peers
+
+        def open_stream(interest: Interest, window_from: Mapping[str, int | None]) -> Any:
+            url = self.queries.url_of(node) if self.queries is not None else None
+            if url is None:
+                raise PeerUnavailableError(f"node {node} is not a member of the cluster any more")
+            body = encode_request(topic, interest, {}, window_from, standby)
+            assert self.peers is not None  # noqa: S101
+            return open_follow(self.peers.stream_client(), self.peers.signer, url, body, caller)
+
+        return open_stream
+
+
+_NOTHING = object()
+_LOCAL = Principal("iqgraph-node", None)  # this node following its own partitions: the watch checked its caller
+
+
+class _Watch:
+    """One subscription's sources and positions (see the module's docstring)."""
+
+    def __init__(
+        self,
+        live: Live,
+        definition: StoreDefinition,
+        routed: Mapping[int, Sequence[Key]],
+        after: Mapping[int, int],
+        window_from: int | None,
+        principal: Principal,
+        max_lag: int | None,
+    ) -> None:
+        self.live = live
+        self.definition = definition
+        self.topic = definition.topic
+        self.routed = routed
+        self.watched = WatchedKeys(definition, routed, window_from)
+        self.window_from = {definition.name: window_from}
+        self.positions = dict(after)
+        self.principal = principal
+        self.max_lag = max_lag
+        self.queue: asyncio.Queue[tuple[int, Rows | BaseException]] = asyncio.Queue()
+        self.sources: dict[int, _Source] = {}
+        self.tasks: set[asyncio.Task[None]] = set()  # the local sources' pumps
+        self.taken = asyncio.Event()  # the subscriber took an event: a local source may read on
+        self.sent: dict[tuple[Key, int | None], Any] = {}  # the last value sent of each key (window)
+        self.by_partition: dict[int, int] = {}  # partition → the tag of its source
+        self.excluded: dict[int, set[str]] = {}
+        self.pending: set[int] = set(routed)
+        self.last_error: dict[int, ApiError] = {}
+        retry = live.queries.retry if live.queries is not None else None
+        self.deadline_s = (retry.deadline_ms / 1000) if retry is not None else 0.0
+        self.backoff_s = (retry.first_backoff_ms / 1000) if retry is not None else 0.05
+        self.waiting_since: float | None = None  # since when a partition has had no source that sends
+        self.failures = 0  # sources failed in a row (the backoff grows with them)
+        self.retry_at = 0.0
+        self.fatal: ApiError | None = None
+
+    async def run(self) -> AsyncGenerator[LiveChange, None]:
+        held: list[tuple[int, Rows | BaseException]] = []  # taken from the queue, not yet handled
+        while True:
+            if held:
+                tag, item = held.pop(0)
+            else:
+                delay = self._plan()
+                try:
+                    tag, item = await asyncio.wait_for(self.queue.get(), delay) if delay else await self.queue.get()
+                except TimeoutError:
+                    continue
+                self.taken.set()
+            source = self.sources.get(tag)
+            if source is None:
+                continue  # a source replaced already
+            if isinstance(item, BaseException):
+                self._failed(tag, source, item)
+                continue
+            if self.queue.qsize() > MAX_QUEUED:
+                self._failed(tag, source, MemberOverflowError("the subscriber fell behind"))
+                continue
+            found = [item]
+            if item.snapshot:  # the snapshots read together are sent together: a key of several partitions once
+                while not held and not self.queue.empty():
+                    more = self.queue.get_nowait()
+                    known = {rows.partition for rows in found}
+                    if isinstance(more[1], Rows) and more[1].snapshot and more[1].partition not in known:
+                        if self.sources.get(more[0]) is not None:
+                            found.append(more[1])
+                    else:
+                        held.append(more)
+            for rows in found:
+                self.excluded.pop(rows.partition, None)
+            if not self.pending:
+                self.waiting_since, self.failures = None, 0
+            for change in self._apply(found):
+                yield change
+
+    async def close(self) -> None:
+        """Stop every source; a local one's feed subscription is closed when this returns."""
+        for source in self.sources.values():
+            source.stop()
+        self.sources.clear()
+        tasks, self.tasks = list(self.tasks), set()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+    # -- sources ----------------------------------------------------------------------------------------
+
+    def _plan(self) -> float | None:
+        """Start sources for the partitions without one; return how long to wait before planning again.
+
+        Raises the error that ends the watch: a source's that retrying cannot cure (FORBIDDEN, LIMIT_EXCEEDED, …),
+        or, past the deadline without rows, the last reason a partition could not be followed.
+        """
+        if self.fatal is not None:
+            raise self.fatal
+        if not self.pending:
+            return None
+        now = time.monotonic()
+        self.waiting_since = self.waiting_since or now
+        if now < self.retry_at:
+            return self.retry_at - now
+        chosen: dict[routing.Server, list[int]] = {}
+        refused: dict[int, routing.Refusal] = {}
+        for p in sorted(self.pending):
+            found = self.live.serving(self.topic, p, self.max_lag, self.excluded.get(p, set()))
+            if isinstance(found, routing.Refusal):
+                refused[p] = found
+            else:
+                chosen.setdefault(found, []).append(p)
+        late = now - self.waiting_since >= self.deadline_s
+        if refused and late:
+            p, refusal = min(refused.items())
+            error = self.last_error.get(p)
+            raise error if error is not None and refusal.code == STORE_NOT_AVAILABLE else _refusal_error(refusal)
+        if self.failures and late:
+            p = min(self.pending)
+            raise self.last_error.get(p) or _unavailable(self.topic, p)
+        for server, partitions in chosen.items():
+            self._start(server, partitions)
+            self.pending -= set(partitions)
+        if not refused:
+            return None
+        for p in refused:
+            self.excluded.pop(p, None)  # a failed node may serve again once it is back
+        return self.backoff_s
+
+    def _start(self, server: routing.Server, partitions: list[int]) -> None:
+        tag = next(self.live._tags)
+        interest = {self.definition.name: {p: list(self.routed[p]) for p in partitions}}
+        standby = server.stale
+        if server.node == self.live.node_id:
+            after = {p: self.positions[p] for p in partitions if p in self.positions}
+            task = asyncio.create_task(
+                self._pump(tag, self.live._local_source(self.topic, interest, after, self.window_from, standby))
+            )
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            source = _Source(server.node, partitions, functools.partial(_cancel, task))
+        else:
+            key = (server.node, self.topic, self.principal, standby)
+            open_stream = self.live._open_stream(server.node, self.topic, standby, self.principal)
+            member = self.live.relays.join(key, open_stream, interest, self.window_from, self.queue, tag)
+            source = _Source(server.node, partitions, member.leave)
+        self.sources[tag] = source
+        for p in partitions:
+            self.by_partition[p] = tag
+
+    async def _pump(self, tag: int, rows: AsyncGenerator[Rows, None]) -> None:
+        try:
+            async with contextlib.aclosing(rows) as found:
+                async for item in found:
+                    self.queue.put_nowait((tag, item))
+                    while self.queue.qsize() > MAX_AHEAD:  # the subscriber reads first: the feed conflates meanwhile
+                        self.taken.clear()
+                        await self.taken.wait()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the watch follows the partitions again
+            self.queue.put_nowait((tag, exc))
+            return
+        self.queue.put_nowait((tag, ConnectionError("the source ended")))
+
+    def _failed(self, tag: int, source: _Source, error: BaseException) -> None:
+        """Follow a failed source's partitions again, after a backoff, elsewhere if the node failed."""
+        source.stop()
+        del self.sources[tag]
+        found = _coded(error)
+        log.warning("a source of %s on %s failed (%r): following again", self.topic, source.node, error)
+        if found is not None and found.code not in RETRIED:
+            self.fatal = found  # retrying cannot cure it: the watch ends with it
+            return
+        if isinstance(error, PeerUnavailableError) and self.live.queries is not None:
+            self.live.queries.peer_failed(source.node)
+        for p in source.partitions:
+            if self.by_partition.get(p) == tag:
+                del self.by_partition[p]
+                self.pending.add(p)
+                if found is not None:
+                    self.last_error[p] = found
+                if not isinstance(error, MemberOverflowError):
+                    self.excluded.setdefault(p, set()).add(source.node)
+        if isinstance(error, MemberOverflowError):
+            return  # the subscriber fell behind: follow again at once, from its positions (a snapshot)
+        self.failures += 1
+        self.retry_at = time.monotonic() + min(self.backoff_s * 2 ** (self.failures - 1), MAX_BACKOFF_S)
+        if found is not None and found.code == STORE_MIGRATED and self.live.queries is not None:
+            self.live.queries.membership.refresh()
+
+    # -- what the subscriber gets -------------------------------------------------------------------
+
+    def _apply(self, found: Sequence[Rows]) -> list[LiveChange]:
+        """Return what rows (one batch, or snapshots) bring the subscriber: only what is newer than its positions."""
+        newer = [rows for rows in found if rows.position > self.positions.get(rows.partition, -1)]
+        if not newer:
+            return []  # a replica behind the subscriber, or a relay's snapshot for a newer member
+        name = self.definition.name
+        if newer[0].snapshot:
+            snapshots = {
+                rows.partition: Snapshot(rows.position, [(k, w, s) for n, k, w, s, _ in rows.rows if n == name], True)
+                for rows in newer
+            }
+            made = self.watched.snapshot(
+                snapshots, {rows.partition: self.positions.get(rows.partition, 0) for rows in newer}
+            )
+        else:
+            (rows,) = newer
+            made = self._changes(rows)
+        for change in made:
+            self.sent[(change.key, change.window_start)] = change.value
+        lags = {rows.partition: rows.lag for rows in newer}
+        for rows in newer:
+            self.positions[rows.partition] = rows.position
+        if all(lag is None for lag in lags.values()):
+            return made
+        return [dataclasses.replace(c, lag=lags.get(c.partition)) for c in made]
+
+    def _changes(self, rows: Rows) -> list[LiveChange]:
+        """Return one batch's changes of the watched keys; the last carries the batch's position."""
+        made = []
+        have = self.positions.get(rows.partition, 0)
+        for store, key, start, state, dropped in rows.rows:
+            if store == self.definition.name:
+                change = Change(store, key, start, state, self.topic, rows.partition, rows.position, dropped)
+                found = self.watched.change(change, have)
+                if found is not None and self.sent.get((key, start), _NOTHING) != found.value:
+                    made.append(found)  # a replica whose batches end elsewhere may bring a value sent already
+        if made:  # one who stops before the batch's last change has the rest sent again on a resume
+            made[-1] = dataclasses.replace(made[-1], position=rows.position)
+        return made
+
+
+def _coded(error: BaseException) -> ApiError | None:
+    """Return the coded error a source failed with (None: a connection's failure, an overflow)."""
+    if isinstance(error, PeerUnavailableError):
+        return None
+    if isinstance(error, PeerError):
+        return ApiError(str(error), error.code, **dict(error.extensions))
+    found = api_error(error) if isinstance(error, ApiError | StoreError) else None
+    return found if isinstance(found, ApiError) else None
+
+
+def _unavailable(topic: str, partition: int) -> ApiError:
+    return ApiError(
+        f"partition {topic}-{partition} could not be followed on any replica",
+        STORE_NOT_AVAILABLE,
+        partition=partition,
+        retryAfterMs=1000,
+    )
+
+
+def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+
+
+def _refusal_error(refusal: routing.Refusal) -> ApiError:
+    return ApiError(refusal.message, refusal.code, partition=refusal.partition, retryAfterMs=1000)

@@ -25,8 +25,9 @@ from iqgraph.app.merging import aggregation_of, finalize
 from iqgraph.schema.types import LiveChange
 from iqgraph.stores import Key, PartitionStores, StoreKind, WindowedValue
 from iqgraph.stores.aggregations import merge_state
-from iqgraph.streaming.change_feed import Change, Snapshot
+from iqgraph.streaming.change_set import Change
 from iqgraph.streaming.definitions import StoreDefinition
+from iqgraph.streaming.snapshots import Snapshot
 
 #: One state read or changed: (key, window start or None, state).
 Row = tuple[Key, int | None, Any]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from iqgraph.app.cluster_queries import ClusterStoreQueries, RetryPolicy
 from iqgraph.app.health import PeerHealth
-from iqgraph.app.live import LocalLive
+from iqgraph.app.live import Live
 from iqgraph.app.local_partitions import LocalPartitions
 from iqgraph.app.membership import (
     ClusterMap,
@@ -85,7 +85,7 @@ class Node:
         self.health: PeerHealth | None = None
         self.supervisor: QuerySupervisor | None = None
         self.change_feed = ChangeFeed()  # what each committed batch changed, for the subscriptions
-        self.live: LocalLive | None = None
+        self.live: Live | None = None
         self._hosted: dict[str, list[int]] = {}
         self.metrics = NodeMetrics(self._members, self._node_info, lambda: self.state.value)
 
@@ -207,13 +207,16 @@ class Node:
             peer_states=peer_states,
             partitioner=self.topic_watch.partitioner,
         )
-        self.live = LocalLive(
+        self.live = Live(
             self.app,
             runner.partitions,
             self.change_feed,
             partitioner=self.topic_watch.partitioner,
             role=self._role,
             node_id=self.settings.node_id,
+            queries=self.queries,
+            peers=self.peers,
+            lag=self._local_lag,
         )
         self.membership.subscribe(self._on_new_map)
         if len(self.membership.current().members) > 1 or self.settings.membership == "kafka":
@@ -257,6 +260,10 @@ class Node:
             return StaticMembership(settings.node_id, members, partitions, settings.standbys, global_topics)
         except ValueError as exc:
             raise NodeStartError(str(exc)) from None
+
+    def _local_lag(self, topic: str, partition: int) -> int | None:
+        found = None if self.local is None else self.local.replica(topic, partition)
+        return None if found is None else found[1]
 
     def _role(self, topic: str, partition: int) -> str:
         owners = self.membership.current().owners_of(topic, partition) if self.membership else None

@@ -126,6 +126,10 @@ class PeerClient:
             )
         return client
 
+    def stream_client(self) -> httpx.AsyncClient:
+        """Return the client of this event loop, for a peer's event stream (``app.live_stream``)."""
+        return self._client()
+
     async def query(self, url: str, query: str, variables: Mapping[str, Any], caller: Principal) -> Any:
         """Return the data of one forwarded GraphQL request; raise PeerError / PeerUnavailableError."""
         body = await self._observed(url, query, variables, caller)

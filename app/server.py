@@ -1,4 +1,4 @@
-"""The node's ASGI server: /graphql (POST, GET, GraphiQL), /healthz, /readyz, /metrics, run by uvicorn.
+"""The node's ASGI server: /graphql (POST, GET, GraphiQL), /healthz, /readyz, /metrics, the app's /dashboard.
 
 Graceful shutdown: uvicorn stops accepting connections and lets in-flight requests finish; then the node
 stops its streaming queries, closes RocksDB and stops Spark.
@@ -6,12 +6,14 @@ stops its streaming queries, closes RocksDB and stops Spark.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import secrets
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -19,11 +21,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
 from iqgraph.app.auth import Authenticator
 from iqgraph.app.auth_gate import AuthGate, init_authenticator
+from iqgraph.app.live import Live
+from iqgraph.app.live_stream import CHANGES_PATH, FOLLOW_PATH, StreamEndpoint, changes_events, follow_events
 from iqgraph.app.merging import finalize
 from iqgraph.app.metrics import scrape, tracing_extensions
 from iqgraph.app.node import Node, NodeStartError
@@ -34,6 +38,7 @@ from iqgraph.app.routing import store_key_partitions
 from iqgraph.app.settings import Settings
 from iqgraph.app.tls import peer_verify, server_options
 from iqgraph.schema.access import principal_of
+from iqgraph.schema.errors import STORE_NOT_READY, ApiError
 from iqgraph.schema.graphiql import graphiql_mount
 from iqgraph.schema.types import PartitionInfo, PipelineInfo
 
@@ -89,15 +94,42 @@ def build_asgi(
         verifier = PeerVerifier(node.settings.cluster_secret or secrets.token_bytes(32))  # none: no peer gets in
         gate = PeerGate(internal, verifier, node.metrics.forwarded_received, peer_body_bytes(node.settings))
         routes.append(Route(INTERNAL_PATH, gate, methods=["POST"]))
+        live = functools.partial(_live, node)
+        for path, events in ((FOLLOW_PATH, follow_events(live)), (CHANGES_PATH, changes_events(live))):
+            stream = PeerGate(
+                StreamEndpoint(events), verifier, node.metrics.forwarded_received, peer_body_bytes(node.settings)
+            )
+            routes.append(Route(path, stream, methods=["POST"]))  # peers' live upstreams (app.live_relay)
     if node.queries is not None:
         routes += rest_routes(node.queries)  # GET /stores/{store}/keys/{key}[/metadata] (app.rest)
     if raw_endpoint:
         routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
+    if node.app.dashboard is not None:  # the app's page (App.dashboard): it reads /graphql like any client
+        routes.append(Route("/dashboard", _page(node.app.dashboard), methods=["GET"]))
     if authenticator is None:
         authenticator = Authenticator.from_settings(node.settings)
-    peers_body = {INTERNAL_PATH: peer_body_bytes(node.settings)}  # a batch of many lookups: more than a client's
+    peers_body = {
+        INTERNAL_PATH: peer_body_bytes(node.settings),
+        FOLLOW_PATH: peer_body_bytes(node.settings),
+        CHANGES_PATH: peer_body_bytes(node.settings),
+    }  # a batch of many lookups: more than a client's
     clients = AuthGate(Starlette(routes=routes), authenticator, websocket_init_auth=True)  # or by connection_init
     return RequestGuard(clients, node.settings, peers_body, node.metrics.request_cut)
+
+
+def _live(node: Node) -> Live:
+    if node.live is None:
+        raise ApiError(f"{node.settings.node_id} is not running yet", STORE_NOT_READY, retryAfterMs=1000)
+    return node.live
+
+
+def _page(path: Path) -> Any:
+    """Return an endpoint answering with the HTML file at path."""
+
+    async def page(_: Request) -> Response:
+        return FileResponse(path, media_type="text/html")
+
+    return page
 
 
 def peer_body_bytes(settings: Settings) -> int:

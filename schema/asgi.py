@@ -26,10 +26,11 @@ import orjson
 from cross_web import AsyncHTTPRequestAdapter, HTTPException, StarletteRequestAdapter
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
-from starlette.websockets import WebSocket
-from strawberry.asgi import GraphQL
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from strawberry.asgi import ASGIWebSocketAdapter, GraphQL
 from strawberry.exceptions import ConnectionRejectionError, MissingQueryError
 from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
+from strawberry.http.exceptions import WebSocketDisconnected
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 from strawberry.subscriptions import GRAPHQL_SSE_PROTOCOL, GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
@@ -90,6 +91,16 @@ def init_credentials(payload: Mapping[str, Any] | None) -> dict[str, str]:
     return found
 
 
+class _TextFrames(ASGIWebSocketAdapter):
+    """Send each websocket message in a text frame: graphql-ws (GraphiQL's client) cannot read binary ones."""
+
+    async def send_json(self, message: Mapping[str, object]) -> None:
+        try:
+            await self.ws.send_text(encode_json(message).decode())
+        except WebSocketDisconnect as exc:
+            raise WebSocketDisconnected from exc
+
+
 class _TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
     """graphql-transport-ws; an operation past the connection's limit is refused with a coded error."""
 
@@ -117,6 +128,7 @@ class GraphQLApp(GraphQL[Context, None]):
     """
 
     graphql_transport_ws_handler_class = _TransportWSHandler
+    websocket_adapter_class = _TextFrames
 
     def __init__(
         self,

@@ -37,8 +37,9 @@ owner-side fields           ``favourite_genre``: ``favouriteGenre(key, maxLag): 
                             ``favouriteGenreMany(keys, maxLag): [<its type>]``; a struct type is
                             named ``FavouriteGenre`` (schema.owner_fields)
 subscriptions (asked for)   ``orderCountWatch(keys, after)``, ``ordersPerMinuteWatchWindows(keys,
-                            from, after)``, ``itemsSoldWatchContains(keys)``; their types are named
-                            last (schema.subscriptions)
+                            from, after)``, ``itemsSoldWatchContains(keys)``, a ranking's
+                            ``topCustomersWatchTop(group, first)``, an entity's ``customerWatch(keys)``;
+                            their types are named last (schema.subscriptions)
 ==========================  ===============================================================
 
 Fields that read stores are nullable, so a failure (an error in ``errors`` with its path) nulls only
@@ -66,11 +67,12 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext, ExecutionResult
 
 from iqgraph.schema import wire
+from iqgraph.schema.batches import Reads
 from iqgraph.schema.bloom_fields import bloom_type
 from iqgraph.schema.compiled import CompiledQueries, RequestMetrics, run_compiled
 from iqgraph.schema.context import Context
 from iqgraph.schema.dynamic import Arg, Field, object_type, resolved_field, resolver_with
-from iqgraph.schema.entities import entity_root_fields, entity_targets, plan_entities
+from iqgraph.schema.entities import EntityPlan, entity_root_fields, entity_targets, plan_entities
 from iqgraph.schema.entity_type import entity_type
 from iqgraph.schema.errors import (
     ErrorCodes,
@@ -87,7 +89,7 @@ from iqgraph.schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fi
 from iqgraph.schema.metrics import GraphQLMetrics, MetricsExtension
 from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
 from iqgraph.schema.owner_fields import call_field, owner_root_fields
-from iqgraph.schema.ranking_fields import ranking_type
+from iqgraph.schema.ranking_fields import RankingEntry, ranking_entry, ranking_type
 from iqgraph.schema.relations import Target, entry_fields, value_links
 from iqgraph.schema.reports import ClusterReports
 from iqgraph.schema.resolving import MAX_LAG, StorePlan, StoreScope, checked_bound
@@ -261,9 +263,13 @@ def plan_stores(
     return plans
 
 
-def _store_field(plan: StorePlan, windows: Mapping[str, WindowNode]) -> Field:
-    made = windows.get(plan.name)
-    store_type = window_type(plan, made) if made is not None else _BUILDERS[plan.info.kind](plan)
+def _store_field(plan: StorePlan, windows: Mapping[str, WindowNode], rankings: Mapping[str, RankingEntry]) -> Field:
+    if plan.name in windows:
+        store_type = window_type(plan, windows[plan.name])
+    elif plan.name in rankings:
+        store_type = ranking_type(plan, rankings[plan.name])
+    else:
+        store_type = _BUILDERS[plan.info.kind](plan)
     default = StoreScope()
 
     def resolve(root: Any, info: strawberry.Info, max_lag: Long | None = None) -> Any:
@@ -282,14 +288,13 @@ def _entity_fields(
     targets: Mapping[str, Target],
     names: TypeNames,
     windows: Mapping[str, WindowNode],
-) -> list[Field]:
-    """Return the root fields of every entity (making its type, which relations lead to)."""
+) -> tuple[list[Field], list[tuple[EntityPlan, type, Reads]]]:
+    """Return the root fields of every entity, and each entity's plan, type (which relations lead to) and reads."""
     taken = {p.field: f"store {name!r}" for name, p in plans.items()}
     taken.update({field: "the metadata" for field in METADATA_FIELDS})
-    fields: list[Field] = []
-    for plan in plan_entities(entities, plans, targets, names, taken):
-        fields += entity_root_fields(plan, *entity_type(plan, windows, targets))
-    return fields
+    planned = plan_entities(entities, plans, targets, names, taken)
+    made = [(plan, *entity_type(plan, windows, targets)) for plan in planned]
+    return [f for plan, cls, reads in made for f in entity_root_fields(plan, cls, reads)], made
 
 
 def _owner_fields(
@@ -341,15 +346,16 @@ def build_schema(
     targets = entity_targets(entities)
     plans = plan_stores(stores, settled, targets, names)
     windows = {name: window_node(p) for name, p in plans.items() if p.info.kind == "window"}
-    entity_fields = _entity_fields(entities, plans, targets, names, windows)
+    rankings = {name: ranking_entry(p) for name, p in plans.items() if p.info.kind == "ranking"}
+    entity_fields, entity_types = _entity_fields(entities, plans, targets, names, windows)
     fields = [
-        *(_store_field(p, windows) for p in plans.values()),
+        *(_store_field(p, windows, rankings) for p in plans.values()),
         *entity_fields,
         *metadata_fields(plans),
         *_owner_fields(owner_fields, settled, names, plans, entity_fields),
     ]
     query = object_type("Query", fields, description)
-    subscription = subscription_type(plans, names) if subscriptions else None
+    subscription = subscription_type(plans, names, rankings, entity_types) if subscriptions else None
     rules: list[type[ASTValidationRule]] = [] if introspection else [NoSchemaIntrospectionCustomRule]
     checks = DocumentChecks(settled, cache_size, rules)  # tokens, aliases, depth; caches bounded (schema.limits)
     installed: list[Callable[[], SchemaExtension]] = [ErrorCodes, ClusterReports, *checks.extensions(), *extensions]

@@ -57,7 +57,9 @@ $scripts
         "{\\n  node {\\n    id\\n    state\\n  }\\n}\\n";
       const parameters = new URLSearchParams(window.location.search);
       const endpoint = window.location.origin + window.location.pathname;
-      const fetcher = GraphiQL.createFetcher({ url: endpoint });
+      // subscriptions over graphql-transport-ws (GraphiQL bundles graphql-ws); the headers typed in GraphiQL
+      // become connection_init's payload, which is how a websocket authenticates
+      const fetcher = GraphiQL.createFetcher({ url: endpoint, subscriptionUrl: endpoint.replace(/^http/, "ws") });
 
       function keepInURL(name, value) {
         if (value) { parameters.set(name, value); } else { parameters.delete(name); }

@@ -28,6 +28,7 @@ class StoreKind(enum.Enum):
     KEY_VALUE = "key_value"
     WINDOW = "window"
     BLOOM = "bloom"
+    RANKING = "ranking"
 
 
 @strawberry.type(description="Where one partition of a store lives.")

@@ -7,6 +7,8 @@ the member). Ties are ordered by member. Pages resume after an entry's cursor, r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import strawberry
@@ -15,10 +17,19 @@ from iqgraph.schema.dynamic import Arg, data_field, list_of, object_type, resolv
 from iqgraph.schema.errors import store_errors
 from iqgraph.schema.resolving import StorePlan, bound, context
 from iqgraph.schema.scalars import Long
+from iqgraph.schema.types import Ranked
 
 
-def ranking_type(plan: StorePlan) -> type:
-    """Return the object type of ranking store plan."""
+@dataclass(frozen=True)
+class RankingEntry:
+    """The ``<Base>Entry`` type of a ranking store, and how a Ranked member becomes one."""
+
+    type: type
+    convert: Callable[[Ranked], Any]
+
+
+def ranking_entry(plan: StorePlan) -> RankingEntry:
+    """Return the entry type of ranking store plan (top and the watchTop subscription share it)."""
     value_annotation, convert = plan.value.nullable()
     entry = object_type(
         plan.node_name,
@@ -31,6 +42,17 @@ def ranking_type(plan: StorePlan) -> type:
         ],
         f"A member of {plan.label()}: its value and rank.",
     )
+
+    def node(r: Ranked) -> Any:
+        return entry(f0=r.member, f1=convert(r.value), f2=r.rank, f3=r.cursor)
+
+    return RankingEntry(entry, node)
+
+
+def ranking_type(plan: StorePlan, made: RankingEntry | None = None) -> type:
+    """Return the object type of ranking store plan (with made, its entry type, if made already)."""
+    made = made or ranking_entry(plan)
+    entry, node = made.type, made.convert
     name = plan.name
 
     async def top(
@@ -40,7 +62,7 @@ def ranking_type(plan: StorePlan) -> type:
         size = ctx.limits.page_size(first)
         with store_errors():
             ranked = await ctx.queries.top(name, group, size, after, bound(root))
-        return [entry(f0=r.member, f1=convert(r.value), f2=r.rank, f3=r.cursor) for r in ranked]
+        return [node(r) for r in ranked]
 
     async def count(root: Any, info: strawberry.Info) -> int:
         with store_errors():

@@ -17,10 +17,11 @@ keys, from, after)``                snapshot }``: the keys' windows starting at 
 
 A subscriber that falls behind gets the latest value of a key (window) once, with ``dropped`` counting the
 values it replaced; one that falls too far behind gets the values read again from the store
-(``snapshot: true``), which hold everything it missed. Events come in offset order per partition. Rankings
-have no subscription field yet. The fields follow ``Context.live`` (``schema.types.LiveQueries``); every
-failure — a store the caller may not read, too many keys, a key this node cannot follow — ends the
-subscription with one coded error.
+(``snapshot: true``), which hold everything it missed. Events come in offset order per partition. A ranking's
+top is followed by ``<ranking>WatchTop(group, first)`` (schema.live_rankings), an entity's keys by
+``<entity>Watch(keys)`` (schema.live_entities). The fields follow ``Context.live``
+(``schema.types.LiveQueries``); every failure — a store the caller may not read, too many keys, a key this
+node cannot follow — ends the subscription with one coded error.
 """
 
 from __future__ import annotations
@@ -28,23 +29,42 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import strawberry
 
+from iqgraph.schema.batches import Reads
 from iqgraph.schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolver_with
-from iqgraph.schema.errors import STORE_NOT_AVAILABLE, ApiError, api_error, invalid_argument, store_errors
+from iqgraph.schema.errors import api_error, invalid_argument, store_errors
+from iqgraph.schema.live_entities import entity_watch_field
+from iqgraph.schema.live_fields import live_queries, stream_of, subscription_field
+from iqgraph.schema.live_rankings import watch_top_field
 from iqgraph.schema.naming import TypeNames, pascal_case
+from iqgraph.schema.ranking_fields import RankingEntry
 from iqgraph.schema.resolving import StorePlan, context
 from iqgraph.schema.scalars import DateTime, Long, from_epoch_ms
 from iqgraph.schema.types import LiveChange
 from iqgraph.schema.window_fields import time_bounds
 from iqgraph.stores import StoreError
 
+if TYPE_CHECKING:
+    from iqgraph.schema.entities import EntityPlan
+
 _KEYS = "The keys to follow."
 _AFTER = "Resume: the last position received of each partition (changes at or before it are not sent again)."
 _FROM = "The earliest window start (inclusive); none: every window."
 _POSITION = "Where a resume picks up in this change's partition: give the last one of each partition as after."
+_LAG = (
+    "How many records its partition's copy that sent it was behind (a standby serving while the active is down, "
+    "within maxLag); null: the active copy."
+)
+_MAX_LAG = Arg(
+    "max_lag",
+    "maxLag",
+    int | None,
+    "How many records a standby may be behind to serve a partition while its active node is down (absent: the "
+    "node's --max-lag; none set: only active copies).",
+)
 _DROPPED = "How many earlier values of this key were replaced by this one before they were sent (conflation)."
 _SNAPSHOT = (
     "Read from the store (the subscription's start, a resume, or catching up after falling behind) rather than "
@@ -75,8 +95,16 @@ class PositionTypes:
         return self.output(f0=change.partition, f1=change.position)
 
 
-def subscription_type(plans: Mapping[str, StorePlan], names: TypeNames) -> type | None:
-    """Return the Subscription type of the stores (None if no store can be followed)."""
+def subscription_type(
+    plans: Mapping[str, StorePlan],
+    names: TypeNames,
+    rankings: Mapping[str, RankingEntry] | None = None,
+    entities: Sequence[tuple[EntityPlan, type, Reads]] = (),
+) -> type | None:
+    """Return the Subscription type of the stores and entities (None if nothing can be followed).
+
+    rankings: each ranking store's entry type (its ``top``'s); entities: each entity's plan, type and reads.
+    """
     positions = PositionTypes(names)
     makers: dict[str, Callable[[StorePlan, PositionTypes, TypeNames], Field]] = {
         "key_value": _watch_field,
@@ -84,20 +112,11 @@ def subscription_type(plans: Mapping[str, StorePlan], names: TypeNames) -> type 
         "bloom": _watch_contains_field,
     }
     fields = [makers[p.info.kind](p, positions, names) for p in plans.values() if p.info.kind in makers]
+    fields += [watch_top_field(plans[name], entry, names) for name, entry in (rankings or {}).items()]
+    fields += [f for f in (entity_watch_field(*made) for made in entities) if f is not None]
     if not fields:
         return None
     return object_type("Subscription", fields, "Stores' keys followed live: each value, then every change.")
-
-
-def stream_of(item: Any) -> Any:
-    """Return the annotation of a subscription resolver yielding item (a type known only at run time)."""
-    return AsyncGenerator[item, None]
-
-
-def subscription_field(name: str, resolver: Callable[..., Any], description: str) -> Field:
-    """Return a subscription field streamed by resolver (an async generator made with ``resolver_with``)."""
-    annotation = resolver.__annotations__["return"]
-    return Field(name, annotation, strawberry.subscription(resolver=resolver, name=name, description=description))
 
 
 def _change_type(name: str, plan: StorePlan, positions: PositionTypes, fields: Sequence[Field], about: str) -> type:
@@ -106,6 +125,7 @@ def _change_type(name: str, plan: StorePlan, positions: PositionTypes, fields: S
         data_field("position", positions.output, _POSITION),
         data_field("dropped", int, _DROPPED),
         data_field("snapshot", bool, _SNAPSHOT),
+        data_field("lag", int | None, _LAG),
     ]
     return object_type(name, [data_field("key", plan.key.annotation, "The key."), *fields, *followed], about)
 
@@ -120,13 +140,15 @@ def _watch_field(plan: StorePlan, positions: PositionTypes, names: TypeNames) ->
         f"A key of {plan.label()} and its new value.",
     )
 
-    async def watch(root: Any, info: strawberry.Info, keys: list[Any], after: Any = None) -> AsyncGenerator[Any, None]:
-        async with aclosing(follow(info, plan.name, keys, after)) as changes:
+    async def watch(
+        root: Any, info: strawberry.Info, keys: list[Any], after: Any = None, max_lag: int | None = None
+    ) -> AsyncGenerator[Any, None]:
+        async with aclosing(follow(info, plan.name, keys, after, max_lag=max_lag)) as changes:
             async for found in changes:
-                value = converted(found.value, convert)
-                yield change(f0=found.key, f1=value, f2=positions.of(found), f3=found.dropped, f4=found.snapshot)
+                value, position = converted(found.value, convert), positions.of(found)
+                yield change(f0=found.key, f1=value, f2=position, f3=found.dropped, f4=found.snapshot, f5=found.lag)
 
-    args = [Arg("keys", "keys", list_of(plan.key.annotation), _KEYS), _after_arg(positions)]
+    args = [Arg("keys", "keys", list_of(plan.key.annotation), _KEYS), _after_arg(positions), _MAX_LAG]
     return subscription_field(
         f"{plan.field}Watch",
         resolver_with(watch, args, stream_of(optional(change))),
@@ -150,19 +172,27 @@ def _watch_windows_field(plan: StorePlan, positions: PositionTypes, names: TypeN
     )
 
     async def watch_windows(
-        root: Any, info: strawberry.Info, keys: list[Any], from_: dt.datetime | None = None, after: Any = None
+        root: Any,
+        info: strawberry.Info,
+        keys: list[Any],
+        from_: dt.datetime | None = None,
+        after: Any = None,
+        max_lag: int | None = None,
     ) -> AsyncGenerator[Any, None]:
         window_from = None if from_ is None else time_bounds(from_, None)[0]
-        async with aclosing(follow(info, plan.name, keys, after, window_from)) as changes:
+        async with aclosing(follow(info, plan.name, keys, after, window_from, max_lag)) as changes:
             async for found in changes:
                 start, end = from_epoch_ms(found.window_start or 0), from_epoch_ms(found.window_end or 0)
-                value, position = converted(found.value, convert), positions.of(found)
-                yield change(f0=found.key, f1=start, f2=end, f3=value, f4=position, f5=found.dropped, f6=found.snapshot)
+                value, position, lag = converted(found.value, convert), positions.of(found), found.lag
+                yield change(
+                    f0=found.key, f1=start, f2=end, f3=value, f4=position, f5=found.dropped, f6=found.snapshot, f7=lag
+                )
 
     args = [
         Arg("keys", "keys", list_of(plan.key.annotation), _KEYS),
         Arg("from_", "from", DateTime | None, _FROM),
         _after_arg(positions),
+        _MAX_LAG,
     ]
     return subscription_field(
         f"{plan.field}WatchWindows",
@@ -179,16 +209,19 @@ def _watch_contains_field(plan: StorePlan, positions: PositionTypes, names: Type
             data_field("key", plan.key.annotation, "The key, now (probably) added."),
             data_field("position", positions.output, _POSITION),
             data_field("snapshot", bool, "Contained already when the subscription started."),
+            data_field("lag", int | None, _LAG),
         ],
         f"A key of {plan.label()} that mightContain is now true for.",
     )
 
-    async def watch_contains(root: Any, info: strawberry.Info, keys: list[Any]) -> AsyncGenerator[Any, None]:
-        async with aclosing(follow(info, plan.name, keys)) as changes:
+    async def watch_contains(
+        root: Any, info: strawberry.Info, keys: list[Any], max_lag: int | None = None
+    ) -> AsyncGenerator[Any, None]:
+        async with aclosing(follow(info, plan.name, keys, max_lag=max_lag)) as changes:
             async for found in changes:
-                yield contained(f0=found.key, f1=positions.of(found), f2=found.snapshot)
+                yield contained(f0=found.key, f1=positions.of(found), f2=found.snapshot, f3=found.lag)
 
-    args = [Arg("keys", "keys", list_of(plan.key.annotation), _KEYS)]
+    args = [Arg("keys", "keys", list_of(plan.key.annotation), _KEYS), _MAX_LAG]
     return subscription_field(
         f"{plan.field}WatchContains",
         resolver_with(watch_contains, args, stream_of(optional(contained))),
@@ -207,14 +240,20 @@ async def follow(
     keys: Sequence[Any],
     after: Sequence[Any] | None = None,
     window_from: int | None = None,
+    max_lag: int | None = None,
 ) -> AsyncGenerator[LiveChange, None]:
     """Yield the changes of keys of store the request's LiveQueries follows, within the request's limits."""
     ctx = context(info)
     ctx.limits.check_keys(keys)
-    if ctx.live is None:
-        raise ApiError("this endpoint serves no subscriptions", STORE_NOT_AVAILABLE)
-    watched = ctx.live.watch(
-        store, list(dict.fromkeys(keys)), after=checked_after(after), window_from=window_from, principal=ctx.principal
+    if max_lag is not None and max_lag < 0:
+        raise invalid_argument("maxLag", "it is a number of records: 0 or more")
+    watched = live_queries(ctx).watch(
+        store,
+        list(dict.fromkeys(keys)),
+        after=checked_after(after),
+        window_from=window_from,
+        principal=ctx.principal,
+        max_lag=max_lag,
     )
     with store_errors():
         async with aclosing(watched) as changes:

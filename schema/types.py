@@ -326,6 +326,7 @@ class LiveChange:
     window_end: int | None = None
     dropped: int = 0  # earlier values of this key (window) conflated away since the last one delivered
     snapshot: bool = False  # read from the store (start, resume, catching up after falling behind), not pushed
+    lag: int | None = None  # records the copy that sent it was behind (a standby's); None: the active's
 
 
 class LiveQueries(Protocol):
@@ -339,12 +340,23 @@ class LiveQueries(Protocol):
         after: Mapping[int, int] | None = None,
         window_from: int | None = None,
         principal: Principal = ANONYMOUS,
+        max_lag: int | None = None,
     ) -> AsyncGenerator[LiveChange, None]:
         """Yield the keys' current values (those newer than after), then every change, until closed.
 
         after: per partition, the position the subscriber has (a resume). window_from: a window store's earliest
-        window start. Bloom stores yield each key once, when it is (probably) contained. Raises the coded error
+        window start. max_lag: how far behind a standby may serve a partition whose active is down (None: the node's bound). Bloom stores yield each key once, when it is (probably) contained. Raises the coded error
         of a store the caller may not read, a key that cannot be routed or followed here.
+        """
+        ...
+
+    def store_changes(self, store: str, *, principal: Principal = ANONYMOUS) -> AsyncGenerator[int, None]:
+        """Yield 0 once store is followed, then, per committed batch that changed its keys, how many changed.
+
+        What a subscriber that re-reads a whole result (a ranking's top) follows: read after the first yield
+        (0), and again after each next one. At least one yield per such batch on any partition followed; the
+        batches of a busy subscriber coalesce into one yield (the count of every key changed since the last).
+        Raises FORBIDDEN for a store the caller may not read, UNKNOWN_STORE, LIMIT_EXCEEDED.
         """
         ...
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from iqgraph.stores import BloomSpec, StoreKind, StoreSpec, WindowSpec, aggregation_named
@@ -469,10 +470,14 @@ class App:
     entities: Sequence[Entity] = ()
     #: Owner-side fields: functions run on the node owning a key (streaming.owner_fields).
     fields: Sequence[OwnerField] = ()
+    #: A static HTML page the nodes serve at /dashboard (it reads the API like any client: app.server).
+    dashboard: Path | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise DefinitionError(f"app name {self.name!r}: use a letter then letters, digits or '_'")
+        if self.dashboard is not None and not Path(self.dashboard).is_file():
+            raise DefinitionError(f"app {self.name!r}: dashboard {self.dashboard} is not a file")
         topics = {t.name for t in self.topics}
         names = [s.name for s in self.stores]
         if len(set(names)) != len(names):

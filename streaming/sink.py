@@ -46,7 +46,8 @@ from iqgraph.stores import (
     WindowStore,
 )
 from iqgraph.stores.codecs import decode_values
-from iqgraph.streaming.change_feed import ChangeFeed, ChangeSet, Interest, rank_entry
+from iqgraph.streaming.change_feed import ChangeFeed
+from iqgraph.streaming.change_set import ChangeSet, Interest, rank_entry
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.decode import Decoder, value_schema
 from iqgraph.streaming.definitions import App, StoreDefinition, Topic

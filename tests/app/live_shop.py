@@ -1,5 +1,5 @@
 """A live shop on one node, without Spark: real RocksDB partitions written by the real StoreSink (batches built
-as the partials would bring them), its ChangeFeed, the production StoreQueries and LocalLive, and the public
+as the partials would bring them), its ChangeFeed, the production StoreQueries and Live, and the public
 schema with its subscriptions."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from typing import Any
 from pyspark.sql.types import BooleanType, DataType, LongType
 from strawberry.types import ExecutionResult
 
-from iqgraph.app.live import LocalLive
-from iqgraph.app.local_partitions import store_info
+from iqgraph.app.live import Live
+from iqgraph.app.local_partitions import entity_infos, store_info
 from iqgraph.schema import Limits, build_schema
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.context import Context, request_context
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.change_feed import ChangeFeed
+from iqgraph.streaming.definitions import App
 from iqgraph.streaming.sink import StoreSink
 from tests.queries import single_node
 from tests.streaming.test_change_feed import KEYS, MINUTE, START_MS, TOPIC, Orders, shop_app, where
@@ -31,6 +32,7 @@ TYPES: dict[str, DataType] = {
     "per_minute": LongType(),
     "items": BooleanType(),
     "top": LongType(),
+    "top_by_item": LongType(),  # a ranking of per_key per item, in apps that add it (tests/app/test_live_rankings)
 }
 WATCH = """subscription($keys: [String!]!, $after: [PositionInput!]) {
   perKeyWatch(keys: $keys, after: $after) { key value position { partition offset } dropped snapshot }
@@ -59,11 +61,11 @@ class LiveShop:
         self.sink = StoreSink(self.app, self.app.topic(TOPIC), self.partitions, change_feed=self.feed)
         self.queries = single_node(self.app, TYPES, {TOPIC: self.partitions})
         self.served = {TOPIC: {p: s for p, s in self.partitions.items() if p in self.hosted}}
-        self.live = LocalLive(
+        self.live = Live(
             self.app, self.served, self.feed, partitioner=lambda topic: "murmur2", role=self.role, check_every_s=0.1
         )
         stores = [store_info(self.app, s, TYPES[s.name]) for s in self.app.stores]
-        self.schema = build_schema(stores, self.limits, subscriptions=True)
+        self.schema = build_schema(stores, self.limits, entities=entity_infos(self.app), subscriptions=True)
 
     def context(self, principal: Principal = ANONYMOUS) -> Context:
         """Return a request context following this node's live feed."""
@@ -102,14 +104,19 @@ def open_live_shop(
     limits: Limits | None = None,
     hosted: Collection[int] = (0, 1),
     role: Callable[[str, int], str] = lambda topic, partition: "active",
+    app: App | None = None,
+    orders: Orders | None = None,
 ) -> LiveShop:
-    """Return a live shop over new partitions under root (both RUNNING); hosted: those this node follows."""
-    app = shop_app()
+    """Return a live shop over new partitions under root (both RUNNING); hosted: those this node follows.
+
+    app: the shop's stores and entities (default: the change feed tests' shop); orders: what builds its batches.
+    """
+    app = app or shop_app()
     state = StateDirectory(root / "state", "shop")
     partitions = {p: state.open(TOPIC, p, app.specs(TOPIC)) for p in (0, 1)}
     for stores in partitions.values():
         stores.db.set_state(PartitionState.RUNNING)
-    return LiveShop(partitions, feed or ChangeFeed(), limits or Limits(), hosted, role, app)
+    return LiveShop(partitions, feed or ChangeFeed(), limits or Limits(), hosted, role, app, orders or Orders())
 
 
 class Events:

@@ -28,6 +28,7 @@ from iqgraph.streaming.broker import EmbeddedBroker
 from iqgraph.streaming.partitioner import partition_for
 from tests.app.cluster_load import Answered, Ingest, ask, readyz
 from tests.app.cluster_nodes import NodeProcess, restart_node, start_nodes, wait_ready, write_app_module
+from tests.app.live_follower import Follower, wrong_values
 from tests.conftest import MakeTopic
 from tests.streaming.test_pipeline import START_MS
 
@@ -104,6 +105,7 @@ class Run:
     serving: float = 0.0  # node-2 answered /readyz again
     ready: float = 0.0
     wall: float = 0.0
+    follower: Follower | None = None  # a subscriber on node-1 for keys of every partition (issue 13)
 
 
 def applied(body: dict[str, Any]) -> dict[int, int]:
@@ -167,9 +169,13 @@ def run(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.
     write_app_module(home, "failoverapp", topic, PARTITIONS, broker.bootstrap_servers)
     nodes = start_nodes(home, "failoverapp", 3, [FLAGS] * 3)
     load: Load | None = None
+    result: Run | None = None
     try:
         wait_ready(nodes)
         result = Run(nodes, ingest, ingest.produced, sorted(set(ingest.keys)))
+        by_partition = {p: [k for k in result.keys if _partition(k) == p][:3] for p in range(PARTITIONS)}
+        result.follower = Follower(nodes[1], [k for keys in by_partition.values() for k in keys])
+        result.follower.start()
         load = Load(nodes[:2], result.keys, ingest)
         ingest.start()
         load.start()
@@ -194,6 +200,8 @@ def run(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.
         ingest.halt()
         if load is not None:
             load.stop()
+        if result is not None and result.follower is not None:
+            result.follower.stop()
         for node in nodes:
             node.kill()
 
@@ -283,3 +291,38 @@ def test_a_restoring_active_is_passed_over_for_its_caught_up_standby(run: Run) -
         served = {(s["node"], s["partition"]) for s in answer.staleness}
         assert {("node-0", p) for p in probe.restoring_after} <= served, answer.staleness
     print(f"\nrestoring: {len(bracketed)} probes of node-0 while node-2's partitions restored, all from the standby")
+
+
+def test_a_subscriber_on_another_node_follows_through_the_kill_without_gap_or_duplicate(run: Run) -> None:
+    """node-1 follows keys of every partition: its own, node-0's (one upstream to node-0) and node-2's — across
+    node-2's kill -9 those come from node-0's standby copies, their lag reported, then every key ends exact."""
+    follower = run.follower
+    assert follower is not None
+    wait_caught_up(run)
+    truth = Counter(run.ingest.keys)
+    deadline = time.monotonic() + 30
+    while follower.latest() != {k: truth[k] for k in follower.keys} and time.monotonic() < deadline:
+        assert not follower.errors, follower.errors
+        time.sleep(0.2)
+    assert not follower.errors, follower.errors
+    assert follower.latest() == {k: truth[k] for k in follower.keys}
+    events = list(follower.events)
+    in_partition: dict[int, list[str]] = {}
+    for key in run.ingest.keys:  # one producer: a partition's offsets are its records in the order produced
+        in_partition.setdefault(_partition(key), []).append(key)
+
+    def truth_at(key: str, offset: int) -> int:
+        return in_partition[_partition(key)][:offset].count(key)
+
+    wrong = wrong_values(events, truth_at)
+    assert not wrong, f"{len(wrong)} of {len(events)} events: {wrong[:5]}"
+    pushed = [e for e in events if not e.snapshot]
+    assert sum(1 + e.dropped for e in pushed) >= len(pushed) > len(follower.keys)
+    during = [e for e in events if run.killed <= e.at <= run.ready and e.partition in (2, 5)]
+    stale = [e for e in during if e.lag is not None]
+    assert stale, f"no event of node-2's partitions carried a standby's lag during the outage ({len(during)} events)"
+    print(
+        f"\nlive: {len(events)} events for {len(follower.keys)} keys on node-1, {len(pushed)} pushed "
+        f"({sum(e.dropped for e in pushed)} conflated), {len(during)} of node-2's partitions during the outage "
+        f"({len(stale)} with a lag, up to {max(e.lag or 0 for e in stale)} records)"
+    )

@@ -1,4 +1,4 @@
-"""Subscriptions on the node that owns the keys, in process: the public schema's subscription fields over LocalLive,
+"""Subscriptions on the node that owns the keys, in process: the public schema's subscription fields over Live,
 the real StoreSink publishing each committed batch of real RocksDB partitions to the node's ChangeFeed (no Spark).
 
 Every change arrives once, in offset order per partition, with the value the store then holds; a resume with
@@ -248,8 +248,9 @@ def test_the_schema_has_a_subscription_field_per_followed_store(shop: LiveShop) 
     assert subscription is not None
     fields = {name: (list(f.args), str(f.type)) for name, f in subscription.fields.items()}
     assert fields == {
-        "perKeyWatch": (["keys", "after"], "PerKeyChange"),
-        "perMinuteWatchWindows": (["keys", "from", "after"], "PerMinuteWindowChange"),
-        "itemsWatchContains": (["keys"], "ItemsContained"),
-    }  # rankings: not yet
+        "perKeyWatch": (["keys", "after", "maxLag"], "PerKeyChange"),
+        "perMinuteWatchWindows": (["keys", "from", "after", "maxLag"], "PerMinuteWindowChange"),
+        "itemsWatchContains": (["keys", "maxLag"], "ItemsContained"),
+        "topWatchTop": (["group", "first"], "TopTopChange"),  # tests/app/test_live_rankings
+    }
     assert str(subscription.fields["perKeyWatch"].args["after"].type) == "[PositionInput!]"

@@ -61,7 +61,7 @@ def test_produced_orders_reach_a_subscriber_in_offset_order(
         while seen != dict.fromkeys(KEYS, 3):
             assert time.monotonic() < deadline, seen
             event = ws.receive(timeout=60)["payload"]["data"]["orderCountWatch"]
-            assert not event["snapshot"] and event["value"] > (seen.get(event["key"]) or 0)
+            assert not event["snapshot"] and event["value"] > (seen.get(event["key"]) or 0), (event, seen, first)
             seen[event["key"]] = event["value"]
             offsets.setdefault(event["position"]["partition"], []).append(event["position"]["offset"])
     assert all(found == sorted(found) for found in offsets.values())

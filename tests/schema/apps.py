@@ -77,6 +77,8 @@ SHOP_TYPES: dict[str, DataType] = {
     "latest_order": ORDER_TYPE,
     "orders_per_minute": LongType(),
     "spend_per_minute": DoubleType(),
+    "item_orders_per_minute": LongType(),
+    "top_customers": DoubleType(),
     "items_sold": BooleanType(),
 }
 WEBLOG_TYPES: dict[str, DataType] = {

@@ -1,16 +1,14 @@
 """GraphiQL offline: the page and its vendored assets in-process, then in headless Chromium cut off from the net.
 
 The browser tests serve the app ``build_asgi`` makes (of a node that is not started, over the schema tests'
-stores) from a real uvicorn on loopback; Chromium can reach loopback only (a dead SOCKS proxy and a host
-resolver that resolves nothing), which a control page loading React from a CDN demonstrates.
+stores) from a real uvicorn on loopback; Chromium can reach loopback only (``tests.browser``: a dead SOCKS proxy
+and a host resolver that resolves nothing), which a control page loading React from a CDN demonstrates.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
-import os
 import re
 import subprocess
 import threading
@@ -18,7 +16,6 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,32 +26,14 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
-from websockets.sync.client import ClientConnection, connect
 
 from iqgraph.schema import GraphQLApp
 from iqgraph.schema.graphiql import SCRIPTS, STATIC_DIR, STYLESHEETS, graphiql_html, graphiql_mount
 from iqgraph.streaming.broker import free_port
+from tests.browser import BROWSER, browser_page, require_chromium
 from tests.schema.apps import SHOP_TYPES, shop_app
 from tests.schema.conftest import Hosted, api_factory
 
-CHROMIUM = "/usr/bin/chromium"
-# Everything but loopback fails: no name resolves, and any proxied connection goes to the discard port.
-OFFLINE = [
-    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-    "--proxy-server=socks5://127.0.0.1:9",
-    "--proxy-bypass-list=127.0.0.1",
-]
-BROWSER = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    *OFFLINE,
-]
 CDN_CONTROL = """<!doctype html><html><body><p id="result">pending</p>
 <script src="https://unpkg.com/react@18.2.0/umd/react.production.min.js"></script>
 <script>document.getElementById("result").textContent = "react is " + typeof React;</script></body></html>"""
@@ -121,12 +100,7 @@ def test_license_and_readme_ship_beside_the_assets() -> None:
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    """Return Chromium's path; skip without it only when not root (as root, `make test` installs it)."""
-    if not os.path.exists(CHROMIUM):
-        if os.geteuid() != 0:
-            pytest.skip(f"{CHROMIUM} is absent and not root to install it: apt-get install -y chromium")
-        pytest.fail(f"{CHROMIUM} is absent; install it with: apt-get update && apt-get install -y chromium")
-    return CHROMIUM
+    return require_chromium()
 
 
 @pytest.fixture(scope="module")
@@ -163,68 +137,11 @@ def test_graphiql_renders_offline(chromium: str, server: str, tmp_path: Path) ->
 
 
 def test_a_query_runs_through_the_page_offline(chromium: str, server: str, tmp_path: Path) -> None:
-    browser = subprocess.Popen(
-        [chromium, *BROWSER, f"--user-data-dir={tmp_path}", "--remote-debugging-port=0", "about:blank"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        with DevTools.open(tmp_path / "DevToolsActivePort") as page:
-            query = urllib.parse.quote("{ node { id state } }")
-            page.call("Page.navigate", url=f"{server}/graphql?q={query}")
-            page.wait_for("document.querySelector('.graphiql-execute-button') !== null")
-            page.evaluate("document.querySelector('.graphiql-execute-button').click()")
-            page.wait_for("document.querySelector('.graphiql-response').innerText.includes('node-0')")
-            response = page.evaluate("document.querySelector('.graphiql-response').innerText")
-    finally:
-        browser.terminate()
-        browser.wait(timeout=30)
+    with browser_page(chromium, tmp_path) as page:
+        query = urllib.parse.quote("{ node { id state } }")
+        page.call("Page.navigate", url=f"{server}/graphql?q={query}")
+        page.wait_for("document.querySelector('.graphiql-execute-button') !== null")
+        page.evaluate("document.querySelector('.graphiql-execute-button').click()")
+        page.wait_for("document.querySelector('.graphiql-response').innerText.includes('node-0')")
+        response = page.evaluate("document.querySelector('.graphiql-response').innerText")
     assert '"id": "node-0"' in response and '"errors"' not in response
-
-
-class DevTools:
-    """The Chrome DevTools Protocol over the websocket of Chromium's first page (just what the test needs)."""
-
-    def __init__(self, socket: ClientConnection) -> None:
-        self.socket = socket
-        self.next_id = 0
-
-    @classmethod
-    @contextmanager
-    def open(cls, port_file: Path, timeout_s: float = 60) -> Iterator[DevTools]:
-        """Connect to the page of the Chromium that writes port_file once it listens."""
-        deadline = time.monotonic() + timeout_s
-        while not port_file.exists() or not port_file.read_text().strip():
-            assert time.monotonic() < deadline, "Chromium did not open its DevTools port"
-            time.sleep(0.1)
-        port = port_file.read_text().split()[0]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as listing:  # noqa: S310
-            pages = [t for t in json.load(listing) if t["type"] == "page"]
-        with connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as socket:
-            yield cls(socket)
-
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
-        """Send one command and return its result, skipping the events in between."""
-        self.next_id += 1
-        self.socket.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            message = json.loads(self.socket.recv(timeout=60))
-            if message.get("id") == self.next_id:
-                assert "error" not in message, message
-                return dict(message["result"])
-
-    def evaluate(self, expression: str) -> Any:
-        """Return the value of a JavaScript expression in the page (null while the page is still loading)."""
-        result = self.call(
-            "Runtime.evaluate",
-            expression=f"(() => {{ try {{ return {expression}; }} catch {{ return null; }} }})()",
-            returnByValue=True,
-        )
-        return result["result"].get("value")
-
-    def wait_for(self, expression: str, timeout_s: float = 60) -> None:
-        """Wait until a JavaScript expression is true in the page."""
-        deadline = time.monotonic() + timeout_s
-        while self.evaluate(expression) is not True:
-            assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-            time.sleep(0.2)

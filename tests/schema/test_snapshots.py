@@ -80,6 +80,8 @@ def test_two_apps_give_two_different_valid_schemas() -> None:
         "latestOrder",
         "ordersPerMinute",
         "spendPerMinute",
+        "itemOrdersPerMinute",
+        "topCustomers",
         "itemsSold",
     }
     assert weblog_fields - metadata == {"accessCount", "accessesPerMinute", "hostsSeen"}

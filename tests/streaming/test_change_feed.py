@@ -16,16 +16,8 @@ import pytest
 
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming import sink as sink_module
-from iqgraph.streaming.change_feed import (
-    Change,
-    ChangeFeed,
-    KeyChange,
-    RankEntry,
-    SubscriptionClosedError,
-    SubscriptionOverflowError,
-    TooManySubscriptionsError,
-    read_then_follow,
-)
+from iqgraph.streaming.change_feed import ChangeFeed
+from iqgraph.streaming.change_set import Change, KeyChange, RankEntry
 from iqgraph.streaming.definitions import (
     App,
     Topic,
@@ -37,8 +29,10 @@ from iqgraph.streaming.definitions import (
     tumbling,
     window_store,
 )
+from iqgraph.streaming.feed_errors import SubscriptionClosedError, SubscriptionOverflowError, TooManySubscriptionsError
 from iqgraph.streaming.partitioner import partition_for
 from iqgraph.streaming.sink import PartitionBatch, StoreSink
+from iqgraph.streaming.snapshots import read_then_follow
 
 TOPIC = "orders"
 MINUTE = 60_000
@@ -122,6 +116,26 @@ def test_a_subscriber_past_its_buffer_overflows_once_and_follows_again_from_a_re
     assert [(c.key, c.offset) for c in drain(sub)] == [("g", 14)]
     assert sub.positions() == {0: 14}
     assert sub.stats().overflows == 1
+
+
+def test_an_overflow_while_the_store_is_re_read_makes_the_next_re_read_news() -> None:
+    feed = ChangeFeed(capacity=2)
+    sub = feed.subscribe(TOPIC, {"counts": None}, after={0: 10})
+    feed.publish(TOPIC, 0, 11, {"counts": kv(("a", 1), ("b", 1), ("c", 1))})
+    with pytest.raises(SubscriptionOverflowError):
+        sub.poll()
+    # the subscriber re-reads the store at 11; before it says so, the buffer overflows again
+    feed.publish(TOPIC, 0, 12, {"counts": kv(("a", 2), ("b", 2), ("c", 2))})
+    assert sub.start_from(0, 11) is True
+    feed.publish(TOPIC, 0, 13, {"counts": kv(("d", 1))})  # dropped: the second overflow is not seen yet
+    assert sub.positions() == {0: 11}  # what the subscriber has: the re-read, not 12 or 13
+    with pytest.raises(SubscriptionOverflowError):
+        sub.poll()
+    assert sub.start_from(0, 13) is True  # the store at 13 is news: 12 and 13 were never delivered
+    assert sub.positions() == {0: 13}
+    feed.publish(TOPIC, 0, 14, {"counts": kv(("e", 1))})
+    assert [(c.key, c.offset) for c in drain(sub)] == [("e", 14)]
+    assert sub.stats().overflows == 2
 
 
 def test_the_feed_wide_bound_overflows_the_longest_buffer_first() -> None:

@@ -1,0 +1,195 @@
+"""One upstream per peer: every local subscription's keys on that peer, followed over one stream.
+
+A node serving subscriptions for keys another node holds does not open a stream per subscription: a
+``Relay`` per (peer, topic, caller, copy) follows the union of its members' ``Interest`` over ONE stream
+(``app.live_stream``) and hands each member the rows of its own keys. The caller is part of the relay's
+identity because the peer checks what the carried caller may read (``schema.access``); the copy (active
+only, or a standby allowed) because the peer checks the role it serves in.
+
+A member that joins needs the current states of its keys: the relay restarts its upstream for the new
+union without positions, so the peer reads every followed partition again (joins arriving together are
+restarted for once: ``RESTART_AFTER_S``). Members that had followed already are given those snapshots too;
+``app.live``'s watches skip what is not newer than their own positions, so they see no duplicate and no gap.
+
+A member whose queue holds more than ``MAX_QUEUED`` events (its subscriber stopped reading) is let go with
+``MemberOverflowError``, and a failure of the upstream (the peer unreachable or gone silent, a coded
+refusal, a partition moved) ends the relay, every member getting the error: each watch then follows its
+partitions again, on whichever node now serves them, from its own positions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from iqgraph.app.live_follow import Interest, Rows
+from iqgraph.stores import Key
+
+log = logging.getLogger(__name__)
+
+RESTART_AFTER_S = 0.02
+MAX_QUEUED = 1_024
+
+#: Opens the upstream of an interest: (interest, window_from) → the rows the peer streams.
+OpenStream = Callable[[Interest, Mapping[str, int | None]], AsyncIterator[Rows]]
+#: Where a member's rows (or the error that ends it) go.
+Deliver = Callable[[Rows | BaseException], None]
+
+
+class MemberOverflowError(Exception):
+    """A member's subscriber fell more than MAX_QUEUED events behind: it follows again from its positions."""
+
+
+class Member:
+    """One watch's share of a relay: its interest and where its rows go."""
+
+    def __init__(
+        self,
+        relay: Relay,
+        interest: Interest,
+        window_from: Mapping[str, int | None],
+        queue: asyncio.Queue[Any],
+        tag: Any,
+    ) -> None:
+        self.relay = relay
+        self.interest = {s: {p: frozenset(keys) for p, keys in ps.items()} for s, ps in interest.items()}
+        self.window_from = dict(window_from)
+        self.queue = queue
+        self.tag = tag
+
+    def leave(self) -> None:
+        """Stop following (the relay ends with its last member)."""
+        self.relay.leave(self)
+
+    def deliver(self, rows: Rows) -> bool:
+        """Queue the rows of this member's keys; return False (and end it) if its subscriber is too far behind."""
+        mine = [row for row in rows.rows if row[1] in self.interest.get(row[0], {}).get(rows.partition, ())]
+        if self.queue.qsize() >= MAX_QUEUED:
+            self.queue.put_nowait((self.tag, MemberOverflowError(f"more than {MAX_QUEUED} events behind")))
+            return False
+        self.queue.put_nowait((self.tag, Rows(rows.partition, rows.position, mine, rows.snapshot, rows.lag)))
+        return True
+
+    def fail(self, error: BaseException) -> None:
+        self.queue.put_nowait((self.tag, error))
+
+    def follows(self, partition: int) -> bool:
+        return any(partition in ps for ps in self.interest.values())
+
+
+class Relay:
+    """The members following one peer's partitions of one topic, and the one upstream that serves them."""
+
+    def __init__(self, open_stream: OpenStream, on_end: Callable[[Relay], None]) -> None:
+        self.open_stream = open_stream
+        self.on_end = on_end
+        self.members: set[Member] = set()
+        self.upstreams = 0  # how many times the upstream was opened (each join restarts it)
+        self._wanted = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._ended = False
+
+    def join(
+        self, interest: Interest, window_from: Mapping[str, int | None], queue: asyncio.Queue[Any], tag: Any
+    ) -> Member:
+        """Add a member; its rows (then the error that ends it, if any) go to queue as (tag, item)."""
+        member = Member(self, interest, window_from, queue, tag)
+        self.members.add(member)
+        self._wanted.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+        return member
+
+    def leave(self, member: Member) -> None:
+        self.members.discard(member)
+        if not self.members and self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        error: BaseException | None = None
+        try:
+            while self.members:
+                await asyncio.sleep(RESTART_AFTER_S)  # joins arriving together: one restart
+                self._wanted.clear()
+                interest, window_from = self._union()
+                stream = asyncio.create_task(self._follow(interest, window_from))
+                wanted = asyncio.create_task(self._wanted.wait())
+                try:
+                    done, _ = await asyncio.wait({stream, wanted}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    wanted.cancel()
+                    if stream not in done:
+                        stream.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await stream
+                if stream in done:
+                    stream.result()  # the upstream ended: raise why
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - every member learns why the upstream failed
+            error = exc
+        finally:
+            self._ended = True
+            self.on_end(self)
+            for member in list(self.members):
+                member.fail(error or ConnectionError("the relay stopped"))
+            self.members.clear()
+
+    async def _follow(self, interest: Interest, window_from: Mapping[str, int | None]) -> None:
+        self.upstreams += 1
+        async with contextlib.aclosing(self.open_stream(interest, window_from)) as stream:  # type: ignore[type-var]
+            async for rows in stream:
+                for member in [m for m in self.members if m.follows(rows.partition)]:
+                    if not member.deliver(rows):
+                        self.members.discard(member)
+        raise ConnectionError("the upstream ended")
+
+    def _union(self) -> tuple[dict[str, dict[int, list[Key]]], dict[str, int | None]]:
+        union: dict[str, dict[int, dict[Key, None]]] = {}
+        window_from: dict[str, int | None] = {}
+        for member in self.members:
+            for store, ps in member.interest.items():
+                for p, keys in ps.items():
+                    union.setdefault(store, {}).setdefault(p, {}).update(dict.fromkeys(keys))
+            for store, lower in member.window_from.items():
+                known = window_from.get(store, lower)
+                window_from[store] = None if known is None or lower is None else min(known, lower)
+        return {s: {p: list(ks) for p, ks in ps.items()} for s, ps in union.items()}, window_from
+
+
+class Relays:
+    """This node's relays, one per (peer, topic, caller, copy), made on the first join and gone with the last."""
+
+    def __init__(self) -> None:
+        self._relays: dict[tuple[Any, ...], Relay] = {}
+        self._ids = itertools.count()
+
+    def join(
+        self,
+        key: tuple[Any, ...],
+        open_stream: OpenStream,
+        interest: Interest,
+        window_from: Mapping[str, int | None],
+        queue: asyncio.Queue[Any],
+        tag: Any,
+    ) -> Member:
+        """Join the relay of key (made with open_stream if there is none)."""
+        relay = self._relays.get(key)
+        if relay is None or relay._ended:
+            relay = self._relays[key] = Relay(open_stream, lambda ended: self._end(key, ended))
+        return relay.join(interest, window_from, queue, tag)
+
+    def _end(self, key: tuple[Any, ...], relay: Relay) -> None:
+        if self._relays.get(key) is relay:
+            del self._relays[key]
+
+    def __len__(self) -> int:
+        return len(self._relays)
+
+    def upstreams(self) -> int:
+        """Return how many upstreams are open now (one per relay)."""
+        return len(self._relays)
