@@ -1,7 +1,10 @@
 """The shop example: orders keyed by customer, and a products table every node holds.
 
 Stores: order count, total / average / largest / smallest spend and the latest order per customer,
-orders per customer per minute, and a bloom filter of the items sold. With a products topic (the module's
+orders per customer per minute, orders per item per minute (keyed by the item column: every partition holds
+some of an item's orders, merged when read), the customers ranked by total spend (``topCustomers``), and a
+bloom filter of the items sold. ``/dashboard`` (``shop_dashboard.html``) follows the orders per item per minute
+and the top five customers live. With a products topic (the module's
 ``app`` has one): the store ``catalog`` of the ``products`` topic, a global table (every node consumes all
 of it) keyed by item, the ``Product`` entity over it (``product(key:)``, ``products(keys:)``), and
 ``latestOrder { get(key:) { item product { name price } } }``, a relation from each order's item to its
@@ -14,6 +17,7 @@ import datetime as dt
 import random
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 
 from iqgraph.streaming.definitions import (
     App,
@@ -30,6 +34,7 @@ from iqgraph.streaming.definitions import (
     latest,
     max_,
     min_,
+    ranking_store,
     sum_,
     table_store,
     tumbling,
@@ -41,6 +46,7 @@ ITEMS = ["widget", "gadget", "gizmo", "doohickey", "sprocket", "flange", "gromme
 PRODUCT_SCHEMA = "name STRING, price DOUBLE, category STRING"
 CUSTOMERS = 500
 LATE_EVERY = 200  # one order in LATE_EVERY arrives two minutes late
+DASHBOARD = Path(__file__).with_name("shop_dashboard.html")
 
 
 def _iso(ms: int) -> str:
@@ -90,6 +96,7 @@ def build_app(
     products: the topic of a global products table (None: no products, as most tests run it).
     """
     catalogue = products is not None
+    total_spend = key_value_store("total_spend", topic, sum_("amount"), description="Total spend per customer")
     return App(
         name="shop",
         description="A shop: orders keyed by customer",
@@ -103,7 +110,7 @@ def build_app(
         ],
         stores=[
             key_value_store("order_count", topic, count(), description="Number of orders per customer"),
-            key_value_store("total_spend", topic, sum_("amount"), description="Total spend per customer"),
+            total_spend,
             key_value_store("total_quantity", topic, sum_("quantity"), description="Items bought per customer"),
             key_value_store("average_order", topic, avg("amount"), description="Average order value per customer"),
             key_value_store("largest_order", topic, max_("amount"), description="Largest order value per customer"),
@@ -129,6 +136,15 @@ def build_app(
                 hopping(size_seconds=120, advance_seconds=60),
                 description="Spend per customer over two minutes, every minute",
             ),
+            window_store(
+                "item_orders_per_minute",
+                topic,
+                count(),
+                tumbling(minutes=1, grace_seconds=30),
+                key="item",
+                description="Orders per item per minute, over every partition (late after 30 s of grace)",
+            ),
+            ranking_store("top_customers", total_spend, description="Customers by total spend"),
             bloom_store("items_sold", topic, key="item", description="Has this item ever been sold?"),
             *(
                 [table_store("catalog", products, description="The product catalogue, on every node")]
@@ -139,6 +155,7 @@ def build_app(
         entities=[Entity("Product", stores=["catalog"], table="catalog")] if catalogue else [],
         kafka=kafka or KafkaSettings(),
         generator=partial(generate_shop, products=products) if products else generate_orders,
+        dashboard=DASHBOARD,
     )
 
 

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -217,9 +218,32 @@ def closed(address: str) -> bool:
     return False
 
 
+def add_dashboard(home: Path) -> str:
+    """Give the project's app a dashboard page (App.dashboard); return the page."""
+    page = "<!doctype html><title>bookings, live</title>\n"
+    (home / "app" / "dashboard.html").write_text(page)
+    with (home / "app" / "main.py").open("a") as main:
+        main.write(
+            "\nimport dataclasses, pathlib\n"
+            "app = dataclasses.replace(app, dashboard=pathlib.Path(__file__).with_name('dashboard.html'))\n"
+        )
+    return page
+
+
+def first_event(url: str, document: str) -> dict[str, Any]:
+    """Return the first event of a subscription over GraphQL over SSE."""
+    body, accept = {"query": document}, {"accept": "text/event-stream"}
+    with httpx.stream("POST", f"{url}/graphql", json=body, headers=accept, timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                return dict(json.loads(line.removeprefix("data:")))
+    raise AssertionError("the subscription sent no event")
+
+
 @pytest.mark.slow
 def test_dev_serves_a_users_app_from_a_file_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     write_project(tmp_path, "bookings")
+    page = add_dashboard(tmp_path)
     records = write_data(tmp_path / "data.jsonl", 300)
     port = free_port()
     state_dir = tmp_path / "not" / "yet" / "there"
@@ -232,13 +256,23 @@ def test_dev_serves_a_users_app_from_a_file_and_stops_cleanly_on_ctrl_c(tmp_path
         assert "auth off: any client may read every store (docs/security.md turns it on)" in dev.read_until("auth")
         dev.read_until("an example query")
         query = dev.read_block("}")
+        follow = dev.read_until("a subscription to paste into GraphiQL")
+        subscription = dev.read_block("}")
+        dashboard = dev.read_until("dashboard at")
         dev.read_until("Ctrl-C stops everything")
-        response = httpx.post(f"http://127.0.0.1:{port}/graphql", json={"query": query}, timeout=30).json()
+        url = f"http://127.0.0.1:{port}"
+        response = httpx.post(f"{url}/graphql", json={"query": query}, timeout=30).json()
+        followed = first_event(url, subscription)
+        served_page = httpx.get(f"{url}/dashboard", timeout=30)
     except BaseException:
         os.killpg(dev.process.pid, signal.SIGKILL)
         raise
     output = dev.ctrl_c()
     assert "errors" not in response, response
+    assert f"ws://127.0.0.1:{port}/graphql" in follow and f"POST to {url}/graphql" in follow
+    assert "bookingsPerGuestWatch(keys: [" in subscription and "errors" not in followed, followed
+    assert followed["data"]["bookingsPerGuestWatch"]["value"] == response["data"]["bookingsPerGuest"]["get"]
+    assert dashboard.strip() == f"iqgraph dev: dashboard at {url}/dashboard" and served_page.text == page
     guest = records[0]["key"]
     mine = [r["value"] for r in records if r["key"] == guest]
     assert response["data"]["bookingsPerGuest"]["get"] == len(mine)

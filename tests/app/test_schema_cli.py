@@ -13,6 +13,7 @@ from iqgraph.app.example_query import example_query, sample_keys
 from iqgraph.examples import music as music_example
 from iqgraph.examples import shop
 from iqgraph.examples import weblog as weblog_example
+from iqgraph.stores import StoreKind
 from iqgraph.streaming.definitions import App
 from tests.app.test_cli import iqgraph
 from tests.readme_blocks import readme_queries
@@ -69,7 +70,9 @@ def test_the_generated_example_query_reads_every_store_and_validates(shop_sdl: s
     assert "ordersPerMinute { fetch(key: " in query and "start end value" in query
     assert 'itemsSold { mightContain(key: "' in query  # keyed by the item column, not the record key
     assert 'catalog { get(key: "' in query and 'product(key: "' in query  # the global table and its entity
-    assert query.count("(key:") == len(shop.app.stores) + len(shop.app.entities)
+    assert 'itemOrdersPerMinute { fetch(key: "' in query and "topCustomers { top(first: 5)" in query
+    keyed = [s for s in shop.app.stores if s.kind is not StoreKind.RANKING]  # a ranking is read by top(first:)
+    assert query.count("(key:") == len(keyed) + len(shop.app.entities)
 
 
 def test_the_sdl_of_two_apps_differ() -> None:

@@ -36,6 +36,8 @@ TYPES: dict[str, Any] = {
     "latest_order": StructType([]),
     "orders_per_minute": LongType(),
     "spend_per_minute": DoubleType(),
+    "item_orders_per_minute": LongType(),
+    "top_customers": DoubleType(),
     "items_sold": BooleanType(),
     "item_count": LongType(),
 }

@@ -1,7 +1,7 @@
 """Expected store contents computed in plain Python from the events a test produced.
 
 Independent of the pipeline: records are ordered per partition as produced, stream time is the running
-maximum of event times, windows are found by brute force.
+maximum of event times (per partition), windows are found by brute force. Rankings hold no values of their own.
 """
 
 from __future__ import annotations
@@ -89,11 +89,12 @@ def _apply(out: Expected, store: Any, records: list[Any], time_column: str) -> N
         table = out.kv[store.name]
         for key, value in records:
             table[key] = _fold(agg.kind, table.get(key), column_value(value))
-    else:
+    elif store.kind is StoreKind.WINDOW:
         size, advance, grace = store.window.size_ms, store.window.advance, store.window.grace_ms
         table = out.windows[store.name]
         stream_time = None
-        for key, value in records:
+        for record_key, value in records:
+            key = value[store.key] if store.key else record_key  # a column's key: partitions' values add up
             ts = event_ms(value, time_column)
             stream_time = ts if stream_time is None else max(stream_time, ts)
             start = (ts - size) // advance * advance

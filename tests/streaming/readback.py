@@ -22,6 +22,12 @@ def _pages(fetch: Any) -> list[Any]:
         after = page.next_cursor
 
 
+def _merged(store: Any, part: Any, value: Any) -> Any:
+    """Return two partitions' values of one key of a store keyed by a column (counts and sums add up)."""
+    assert store.key and store.aggregate.kind in ("count", "sum"), store
+    return part + value
+
+
 def read_back(app: App, partitions: Iterable[PartitionStores]) -> Expected:
     """Return what the given partition databases hold, store by store."""
     out = Expected()
@@ -33,6 +39,9 @@ def read_back(app: App, partitions: Iterable[PartitionStores]) -> Expected:
             elif store.kind is StoreKind.WINDOW:
                 window = stores.window(store.name)
                 found = _pages(lambda after, w=window: w.fetch_all(FAR_PAST, FAR_FUTURE, limit=500, after=after))
-                out.windows[store.name].update({(w.key, w.start): w.value for w in found})
+                table = out.windows[store.name]
+                for w in found:  # a store keyed by a column holds a part of a key's value in each partition
+                    part = table.get((w.key, w.start))
+                    table[(w.key, w.start)] = w.value if part is None else _merged(store, part, w.value)
                 out.late[store.name] += window.late_records()
     return out
