@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 from httpx_sse import connect_sse
@@ -23,7 +24,7 @@ WATCH = """subscription($keys: [String!]!) {
 }"""
 
 
-def follow(url: str, key: str, headers: dict[str, str]) -> Iterator[dict[str, object]]:
+def follow(url: str, key: str, headers: dict[str, str]) -> Iterator[dict[str, Any]]:
     """Yield the key's change events: its value now, then every new one."""
     request = {"query": WATCH, "variables": {"keys": [key]}}
     with httpx.Client(timeout=httpx.Timeout(10, read=None)) as client:  # no read timeout: changes come when they do

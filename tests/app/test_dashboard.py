@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import re
 import subprocess
 import sys
 import time
@@ -156,6 +157,13 @@ def test_the_dashboard_is_a_page_of_the_node_and_its_script_speaks_the_protocol(
     assert "https://" not in page.text and "http://" not in page.text
     script = httpx.get(f"{served.url}/graphql/static/live/graphql-transport-ws.js", timeout=10)
     assert script.status_code == 200 and '"graphql-transport-ws"' in script.text
+
+
+def test_the_readme_shows_the_client_this_module_runs() -> None:
+    section = (ROOT / "README.md").read_text().split("## Live subscriptions", 1)[1].split("\n## ", 1)[0]
+    client = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    assert client is not None and "def follow(" in client[1]
+    assert client[1].strip() in (ROOT / "examples" / "follow_key.py").read_text()
 
 
 def test_the_readme_client_follows_a_key(node: tuple[NodeProcess, str], broker: EmbeddedBroker) -> None:
