@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from iqgraph.app import routing
 from iqgraph.app.live_follow import Interest, Rows, follow_partitions, partitions_of
-from iqgraph.app.live_relay import MemberOverflowError, Relays
+from iqgraph.app.live_relay import Broadcasts, MemberOverflowError, Relays
 from iqgraph.app.live_stream import encode_request, open_changes, open_follow
 from iqgraph.app.live_values import WatchedKeys
 from iqgraph.app.local_partitions import definition_of
@@ -70,6 +70,7 @@ Hosted = Mapping[str, Mapping[int, PartitionStores]]
 MAX_QUEUED = 1_024  # a source's events a watch may hold before the source is made to start again
 MAX_PEER_KEYS = 1_000_000
 MAX_BACKOFF_S = 2.0
+PROMOTE_EVERY_S = 2.0  # how often a watch served by a standby checks whether the active serves again
 MAX_AHEAD = 2  # events a local source reads ahead of its subscriber (the rest stays in the feed, conflated)
 CHANGES_START_S = 5.0  # how long store_changes waits for every node to follow before its first yield
 #: The codes a watch follows a partition again after (elsewhere, or once it is ready); any other ends it.
@@ -85,6 +86,7 @@ class _Source:
     node: str
     partitions: list[int]
     stop: Callable[[], None]
+    standby: bool = False  # a standby copy serves them (the active was down): moved back once it serves again
 
 
 class Live:
@@ -122,6 +124,7 @@ class Live:
         self.lag = lag or (lambda topic, partition: None)
         self.check_every_s = check_every_s
         self.relays = Relays()
+        self.broadcasts = Broadcasts()  # store_changes' upstreams: one per (peer, store, caller)
         self._tags = itertools.count()
 
     # -- a subscriber's watch --------------------------------------------------------------------------
@@ -228,19 +231,13 @@ class Live:
         """Put node's counts of store's changed keys in counts (again after a failure), ready at its first."""
         while True:
             try:
-                found: AsyncIterator[int]
                 if node == self.node_id:
-                    found = self.store_changes_here(store, principal=principal)
+                    async with contextlib.aclosing(self.store_changes_here(store, principal=principal)) as here:
+                        async for n in here:
+                            ready.set()
+                            counts.put_nowait(n)
                 else:
-                    assert self.queries is not None and self.peers is not None  # noqa: S101 - only with peers
-                    url = self.queries.url_of(node)
-                    if url is None:
-                        return
-                    found = open_changes(self.peers.stream_client(), self.peers.signer, url, store, principal)
-                async with contextlib.aclosing(found) as stream:  # type: ignore[type-var]
-                    async for n in stream:
-                        ready.set()
-                        counts.put_nowait(n)
+                    await self._count_peer(node, store, principal, counts, ready)
             except ApiError as exc:
                 if exc.code not in RETRIED:
                     raise
@@ -249,6 +246,36 @@ class Live:
             ready.set()
             counts.put_nowait(1)  # something may have changed while it was not followed
             await asyncio.sleep(1.0)
+
+    async def _count_peer(
+        self, node: str, store: str, principal: Principal, counts: asyncio.Queue[int], ready: asyncio.Event
+    ) -> None:
+        """Put a peer's counts in counts, from its one broadcast shared by every listener here."""
+        assert self.queries is not None and self.peers is not None  # noqa: S101 - only with peers
+        queries, peers = self.queries, self.peers
+
+        def open_counts() -> AsyncIterator[int]:
+            url = queries.url_of(node)
+            if url is None:
+                raise PeerUnavailableError(f"node {node} is not a member of the cluster any more")
+            return open_changes(peers.stream_client(), peers.signer, url, store, principal)
+
+        broadcast = self.broadcasts.get((node, store, principal), open_counts)
+        queue = broadcast.listen()
+        try:
+            while True:
+                if broadcast.started.is_set():
+                    ready.set()
+                try:
+                    item = await asyncio.wait_for(queue.get(), 0.1) if not ready.is_set() else await queue.get()
+                except TimeoutError:
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                ready.set()
+                counts.put_nowait(item)
+        finally:
+            broadcast.leave(queue)
 
     # -- the owner's side of a peer's relay ----------------------------------------------------------
 
@@ -388,9 +415,12 @@ class _Watch:
                 tag, item = held.pop(0)
             else:
                 delay = self._plan()
+                if any(source.standby for source in self.sources.values()):
+                    delay = min(delay or PROMOTE_EVERY_S, PROMOTE_EVERY_S)
                 try:
                     tag, item = await asyncio.wait_for(self.queue.get(), delay) if delay else await self.queue.get()
                 except TimeoutError:
+                    self._promote()
                     continue
                 self.taken.set()
             source = self.sources.get(tag)
@@ -481,15 +511,34 @@ class _Watch:
             )
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-            source = _Source(server.node, partitions, functools.partial(_cancel, task))
+            source = _Source(server.node, partitions, functools.partial(_cancel, task), standby)
         else:
             key = (server.node, self.topic, self.principal, standby)
             open_stream = self.live._open_stream(server.node, self.topic, standby, self.principal)
             member = self.live.relays.join(key, open_stream, interest, self.window_from, self.queue, tag)
-            source = _Source(server.node, partitions, member.leave)
+            source = _Source(server.node, partitions, member.leave, standby)
         self.sources[tag] = source
         for p in partitions:
             self.by_partition[p] = tag
+
+    def _promote(self) -> None:
+        """Follow partitions a standby serves on their active again once it serves (from the positions held)."""
+        for tag, source in list(self.sources.items()):
+            if not source.standby:
+                continue
+            back = [p for p in source.partitions if self._active_serves(p)]
+            if back:
+                log.info("partitions %s of %s: their active serves again, leaving the standby", back, self.topic)
+                source.stop()
+                del self.sources[tag]
+                for p in source.partitions:
+                    if self.by_partition.get(p) == tag:
+                        del self.by_partition[p]
+                        self.pending.add(p)
+
+    def _active_serves(self, partition: int) -> bool:
+        found = self.live.serving(self.topic, partition, self.max_lag, set())
+        return isinstance(found, routing.Server) and not found.stale
 
     async def _pump(self, tag: int, rows: AsyncGenerator[Rows, None]) -> None:
         try:

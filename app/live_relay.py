@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 RESTART_AFTER_S = 0.02
 MAX_QUEUED = 1_024
+MAX_COUNTS = 64
 
 #: Opens the upstream of an interest: (interest, window_from) → the rows the peer streams.
 OpenStream = Callable[[Interest, Mapping[str, int | None]], AsyncIterator[Rows]]
@@ -193,3 +194,70 @@ class Relays:
     def upstreams(self) -> int:
         """Return how many upstreams are open now (one per relay)."""
         return len(self._relays)
+
+
+class Broadcast:
+    """One peer's counts of a store's changed keys (``/internal/changes``), shared by every local listener.
+
+    A listener's queue gets each count, then the error the upstream ended with; a listener more than
+    ``MAX_COUNTS`` counts behind misses the next ones (a count only says "read again": it has one already).
+    """
+
+    def __init__(self, open_counts: Callable[[], AsyncIterator[int]], on_end: Callable[[Broadcast], None]) -> None:
+        self.open_counts = open_counts
+        self.on_end = on_end
+        self.listeners: set[asyncio.Queue[int | BaseException]] = set()
+        self.started = asyncio.Event()  # the peer follows the store: a listener that joins now misses nothing
+        self.ended = False
+        self._task: asyncio.Task[None] | None = None
+
+    def listen(self) -> asyncio.Queue[int | BaseException]:
+        queue: asyncio.Queue[int | BaseException] = asyncio.Queue()
+        self.listeners.add(queue)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+        return queue
+
+    def leave(self, queue: asyncio.Queue[int | BaseException]) -> None:
+        self.listeners.discard(queue)
+        if not self.listeners and self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        error: BaseException = ConnectionError("the peer ended the stream")
+        try:
+            async with contextlib.aclosing(self.open_counts()) as counts:  # type: ignore[type-var]
+                async for n in counts:
+                    self.started.set()
+                    for queue in self.listeners:
+                        if queue.qsize() < MAX_COUNTS:
+                            queue.put_nowait(n)
+        except asyncio.CancelledError:
+            error = ConnectionError("nobody listens")
+        except Exception as exc:  # noqa: BLE001 - every listener learns why
+            error = exc
+        finally:
+            self.ended = True
+            self.on_end(self)
+            for queue in self.listeners:
+                queue.put_nowait(error)
+
+
+class Broadcasts:
+    """This node's broadcasts, one per (peer, store, caller), made for the first listener and gone with the last."""
+
+    def __init__(self) -> None:
+        self._broadcasts: dict[tuple[Any, ...], Broadcast] = {}
+
+    def get(self, key: tuple[Any, ...], open_counts: Callable[[], AsyncIterator[int]]) -> Broadcast:
+        found = self._broadcasts.get(key)
+        if found is None or found.ended:
+            found = self._broadcasts[key] = Broadcast(open_counts, lambda ended: self._end(key, ended))
+        return found
+
+    def _end(self, key: tuple[Any, ...], broadcast: Broadcast) -> None:
+        if self._broadcasts.get(key) is broadcast:
+            del self._broadcasts[key]
+
+    def __len__(self) -> int:
+        return len(self._broadcasts)

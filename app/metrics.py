@@ -77,7 +77,13 @@ NodeView = Callable[[], "NodeInfo | None"]
 class NodeMetrics:
     """Every metric of one node, in its own registry; the observers the node's parts call."""
 
-    def __init__(self, members: Members, node: NodeView, state: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        members: Members,
+        node: NodeView,
+        state: Callable[[], str],
+        live: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
         self.registry = CollectorRegistry()
         self._members = members
         registry = self.registry
@@ -128,6 +134,7 @@ class NodeMetrics:
             registry=registry,
         )
         registry.register(NodeStateCollector(node, state))
+        registry.register(LiveCollector(live))
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
@@ -162,6 +169,23 @@ class NodeMetrics:
         self.batch_records.labels(report.topic).observe(report.records)
         for store, count in report.bad.items():
             self.bad_records.labels(store).inc(count)
+
+
+class LiveCollector:
+    """Collect, at scrape time, the live subscriptions' gauges (``app.live``: feed subscriptions, upstreams)."""
+
+    HELP = {
+        "feed_subscriptions": "Subscriptions to this node's change feed (local watches and peers' upstreams)",
+        "upstreams": "Streams this node follows on peers for its watches (one per peer, topic, caller and copy)",
+        "change_upstreams": "Streams of changed-key counts this node follows on peers (one per peer, store, caller)",
+    }
+
+    def __init__(self, stats: Callable[[], Mapping[str, int]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in self._stats().items():
+            yield GaugeMetricFamily(f"iqgraph_live_{name}", self.HELP.get(name, name), value=value)
 
 
 class NodeStateCollector:

@@ -87,7 +87,7 @@ class Node:
         self.change_feed = ChangeFeed()  # what each committed batch changed, for the subscriptions
         self.live: Live | None = None
         self._hosted: dict[str, list[int]] = {}
-        self.metrics = NodeMetrics(self._members, self._node_info, lambda: self.state.value)
+        self.metrics = NodeMetrics(self._members, self._node_info, lambda: self.state.value, self._live_stats)
 
     def _members(self) -> Mapping[str, Member]:
         return {} if self.membership is None else self.membership.current().members
@@ -260,6 +260,14 @@ class Node:
             return StaticMembership(settings.node_id, members, partitions, settings.standbys, global_topics)
         except ValueError as exc:
             raise NodeStartError(str(exc)) from None
+
+    def _live_stats(self) -> dict[str, int]:
+        live = self.live
+        return {
+            "feed_subscriptions": self.change_feed.stats().subscriptions,
+            "upstreams": 0 if live is None else len(live.relays),
+            "change_upstreams": 0 if live is None else len(live.broadcasts),
+        }
 
     def _local_lag(self, topic: str, partition: int) -> int | None:
         found = None if self.local is None else self.local.replica(topic, partition)

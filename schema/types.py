@@ -345,7 +345,8 @@ class LiveQueries(Protocol):
         """Yield the keys' current values (those newer than after), then every change, until closed.
 
         after: per partition, the position the subscriber has (a resume). window_from: a window store's earliest
-        window start. max_lag: how far behind a standby may serve a partition whose active is down (None: the node's bound). Bloom stores yield each key once, when it is (probably) contained. Raises the coded error
+        window start. max_lag: how far behind a standby may serve a partition whose active is down (None: the node's
+        bound). Bloom stores yield each key once, when it is (probably) contained. Raises the coded error
         of a store the caller may not read, a key that cannot be routed or followed here.
         """
         ...

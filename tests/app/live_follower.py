@@ -95,6 +95,53 @@ class Follower:
             self.errors.append(repr(exc))
 
 
+TOP = "subscription { topCustomersWatchTop(first: 5) { entries { member value rank } } }"
+
+
+@dataclass
+class TopFollower:
+    """Follow the shop's top 5 customers by spend on a node from a thread: every top received, and errors."""
+
+    node: NodeProcess
+    tops: list[list[dict[str, Any]]] = field(default_factory=list)
+    errors: list[Any] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 30) -> None:
+        """Start following; return once the first top has come."""
+        self._thread = threading.Thread(target=self._run, name="top-follower", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.tops:
+            assert not self.errors, self.errors
+            assert time.monotonic() < deadline, f"no top after {timeout} s"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        try:
+            with websocket(self.node.url.removeprefix("http://")) as raw:
+                ws = TransportWS(raw)
+                ws.init()
+                ws.subscribe("1", TOP, {})
+                while not self._stop.is_set():
+                    try:
+                        message = ws.receive(timeout=0.5)
+                    except TimeoutError:
+                        continue
+                    if message["type"] != "next" or message["payload"].get("errors"):
+                        self.errors.append(message)
+                        return
+                    self.tops.append(message["payload"]["data"]["topCustomersWatchTop"]["entries"])
+        except (ConnectionClosed, OSError) as exc:
+            self.errors.append(repr(exc))
+
+
 def wrong_values(events: Sequence[Followed], truth_at: Callable[[str, int], int]) -> list[str]:
     """Return the events whose value is not the ground truth at the position it stands for, a pushed value that
     repeats (a duplicate) and positions that go back.

@@ -27,8 +27,8 @@ from iqgraph.examples.shop import build_app
 from iqgraph.streaming.broker import EmbeddedBroker
 from iqgraph.streaming.partitioner import partition_for
 from tests.app.cluster_load import Answered, Ingest, ask, readyz
-from tests.app.cluster_nodes import NodeProcess, restart_node, start_nodes, wait_ready, write_app_module
-from tests.app.live_follower import Follower, wrong_values
+from tests.app.cluster_nodes import NodeProcess, restart_node, scrape, start_nodes, wait_ready, write_app_module
+from tests.app.live_follower import Follower, TopFollower, wrong_values
 from tests.conftest import MakeTopic
 from tests.streaming.test_pipeline import START_MS
 
@@ -106,6 +106,9 @@ class Run:
     ready: float = 0.0
     wall: float = 0.0
     follower: Follower | None = None  # a subscriber on node-1 for keys of every partition (issue 13)
+    second: Follower | None = None  # another, for node-0's and node-2's keys: same upstreams
+    top: TopFollower | None = None  # node-1 following the top 5 customers by spend
+    upstreams: float = -1  # node-1's live upstreams with both followers on
 
 
 def applied(body: dict[str, Any]) -> dict[int, int]:
@@ -176,6 +179,11 @@ def run(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.
         by_partition = {p: [k for k in result.keys if _partition(k) == p][:3] for p in range(PARTITIONS)}
         result.follower = Follower(nodes[1], [k for keys in by_partition.values() for k in keys])
         result.follower.start()
+        result.second = Follower(nodes[1], [*by_partition[0][:2], *by_partition[2][:2]])
+        result.second.start()
+        result.upstreams = scrape(nodes[1].url).value("iqgraph_live_upstreams")
+        result.top = TopFollower(nodes[1])
+        result.top.start()
         load = Load(nodes[:2], result.keys, ingest)
         ingest.start()
         load.start()
@@ -200,8 +208,10 @@ def run(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.
         ingest.halt()
         if load is not None:
             load.stop()
-        if result is not None and result.follower is not None:
-            result.follower.stop()
+        if result is not None:
+            for followed in (result.follower, result.second, result.top):
+                if followed is not None:
+                    followed.stop()
         for node in nodes:
             node.kill()
 
@@ -293,22 +303,25 @@ def test_a_restoring_active_is_passed_over_for_its_caught_up_standby(run: Run) -
     print(f"\nrestoring: {len(bracketed)} probes of node-0 while node-2's partitions restored, all from the standby")
 
 
-def test_a_subscriber_on_another_node_follows_through_the_kill_without_gap_or_duplicate(run: Run) -> None:
+def test_a_subscriber_on_another_node_follows_through_the_kill_without_gap_or_duplicate(
+    run: Run, broker: EmbeddedBroker
+) -> None:
     """node-1 follows keys of every partition: its own, node-0's (one upstream to node-0) and node-2's — across
-    node-2's kill -9 those come from node-0's standby copies, their lag reported, then every key ends exact."""
+    node-2's kill -9 those come from node-0's standby copies, their lag reported, then from node-2 again once it
+    serves; every value is the ground truth at its position, and every key ends exact."""
     follower = run.follower
     assert follower is not None
     wait_caught_up(run)
-    truth = Counter(run.ingest.keys)
-    deadline = time.monotonic() + 30
-    while follower.latest() != {k: truth[k] for k in follower.keys} and time.monotonic() < deadline:
-        assert not follower.errors, follower.errors
-        time.sleep(0.2)
-    assert not follower.errors, follower.errors
-    assert follower.latest() == {k: truth[k] for k in follower.keys}
+    await_values(follower, Counter(run.ingest.keys))
+    # orders of node-2's followed keys once it serves again: they come from node-2, the active (no lag)
+    back = [k for k in follower.keys if _partition(k) in (2, 5)]
+    more = Ingest(broker.bootstrap_servers, run.ingest.topic, iter([(k, _order(k, i)) for i, k in enumerate(back * 3)]))
+    more.produce(len(back) * 3)
+    await_values(follower, Counter(run.ingest.keys + more.keys))
+    assert all(e.lag is None for e in follower.events[-len(back) :]), follower.events[-len(back) :]
     events = list(follower.events)
     in_partition: dict[int, list[str]] = {}
-    for key in run.ingest.keys:  # one producer: a partition's offsets are its records in the order produced
+    for key in run.ingest.keys + more.keys:  # one producer at a time: a partition's offsets in produce order
         in_partition.setdefault(_partition(key), []).append(key)
 
     def truth_at(key: str, offset: int) -> int:
@@ -326,3 +339,49 @@ def test_a_subscriber_on_another_node_follows_through_the_kill_without_gap_or_du
         f"({sum(e.dropped for e in pushed)} conflated), {len(during)} of node-2's partitions during the outage "
         f"({len(stale)} with a lag, up to {max(e.lag or 0 for e in stale)} records)"
     )
+
+
+def await_values(follower: Follower, truth: Counter[str], timeout: float = 30) -> None:
+    """Wait until the follower's last value of every key is truth's."""
+    deadline = time.monotonic() + timeout
+    while follower.latest() != {k: truth[k] for k in follower.keys} and time.monotonic() < deadline:
+        assert not follower.errors, follower.errors
+        time.sleep(0.2)
+    assert not follower.errors, follower.errors
+    assert follower.latest() == {k: truth[k] for k in follower.keys}
+
+
+def _order(key: str, n: int) -> dict[str, Any]:
+    return {
+        "order_id": f"late-{n}",
+        "customer": key,
+        "item": "widget",
+        "quantity": 1,
+        "amount": 1.0,
+        "ts": "2026-01-01T00:00:00.000Z",
+    }
+
+
+def test_watches_share_one_upstream_per_peer_and_the_top_follows_through_any_node(run: Run) -> None:
+    """node-1's two watches of keys on node-0 and node-2 use one upstream each (not one per watch); the top 5
+    customers followed on node-1 (every node's partitions) ends equal to what a query reads; peers' streams refuse
+    an unsigned request."""
+    assert run.upstreams == 2, f"node-1 had {run.upstreams} upstreams for two watches of node-0's and node-2's keys"
+    second, top = run.second, run.top
+    assert second is not None and top is not None
+    wait_caught_up(run)
+    await_values(second, Counter(run.ingest.keys))
+    query = "{ topCustomers { top(first: 5) { member value rank } } }"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (
+        not top.tops or top.tops[-1] != run.nodes[1].post(query)["data"]["topCustomers"]["top"]
+    ):
+        assert not top.errors, top.errors
+        time.sleep(0.2)
+    assert not top.errors, top.errors
+    assert top.tops[-1] == run.nodes[1].post(query)["data"]["topCustomers"]["top"]
+    assert len(top.tops) > 1 and all(a != b for a, b in itertools.pairwise(top.tops))  # sent when it changed only
+    for path in ("/internal/follow", "/internal/changes"):
+        refused = httpx.post(f"{run.nodes[0].url}{path}", content=b"{}", headers={"accept": "text/event-stream"})
+        assert refused.status_code == 401, (path, refused.status_code, refused.text[:200])
+    print(f"\nlive: node-1 had {run.upstreams:.0f} upstreams for 2 watches; {len(top.tops)} tops followed")
