@@ -350,6 +350,7 @@ class StoreSink:
         self, tx: PartitionTransaction, partition: int, bad: list[tuple[str | None, dict[str, Any]]]
     ) -> dict[str, int]:
         counted: dict[str, int] = defaultdict(int)
+        lettered: set[Any] = set()  # a record bad for several stores is dead-lettered once
         for store_name, info in bad:
             targets = [store_name] if store_name else [s.name for s in self.stores]
             for name in targets:
@@ -363,7 +364,8 @@ class StoreSink:
                 info["error"],
                 ", ".join(targets),
             )
-            if self.dead_letters is not None:
+            if self.dead_letters is not None and info["offset"] not in lettered:
+                lettered.add(info["offset"])
                 key = base64.b64decode(info["key"]) if info.get("key") else None
                 value = base64.b64decode(info["value"]) if info.get("value") else None
                 self.dead_letters.send(key, value, info["error"], (self.topic.name, partition, info["offset"]))

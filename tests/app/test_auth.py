@@ -542,6 +542,7 @@ ROUTES = [
     Route("/healthz", echo),
     Route("/readyz", echo),
     Route("/metrics", echo),
+    Route("/dashboard", echo),
     Route("/internal/graphql", echo, methods=["POST"]),
     Route("/stores/{store}/keys/{key}", echo),
     Route("/raw/{store}/{key}", echo),
@@ -612,6 +613,7 @@ async def test_protected_requests_without_a_credential_are_refused(
         ("GET", "/graphql/static/graphiql.min.js", {}),
         ("POST", "/internal/graphql", {}),  # peers are checked by their signature (app.peer_auth)
         ("GET", "/graphql", {"accept": BROWSER}),  # GraphiQL's page
+        ("GET", "/dashboard", {}),  # the app's page: it holds no data, its websocket authenticates
     ],
 )
 async def test_public_requests_pass_without_a_principal(method: str, path: str, headers: dict[str, str]) -> None:

@@ -6,6 +6,7 @@ a key."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import random
@@ -25,11 +26,11 @@ import pytest
 from iqgraph.app.example_query import INTROSPECTION, example_subscription, schema_from_introspection
 from iqgraph.examples.shop import ITEMS, _iso, build_app
 from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
+from iqgraph.streaming.definitions import DefinitionError
 from tests.app.cluster_nodes import ROOT, NodeProcess, start_node, wait_ready, write_app_module
 from tests.browser import browser_page, require_chromium
 from tests.conftest import MakeTopic
 
-pytestmark = pytest.mark.slow
 PARTITIONS = 2
 CUSTOMERS = 40
 BEFORE, WHILE_OPEN = 300, 700  # orders produced before the page opens, then while it is open
@@ -120,6 +121,7 @@ def settled(page: Any, served: NodeProcess, since: str, produced: int) -> dict[s
         time.sleep(0.3)
 
 
+@pytest.mark.slow
 def test_the_page_follows_orders_per_minute_and_the_top_customers_live(
     node: tuple[NodeProcess, str], broker: EmbeddedBroker, tmp_path: Path
 ) -> None:
@@ -148,6 +150,7 @@ def test_the_page_follows_orders_per_minute_and_the_top_customers_live(
         assert urllib.parse.urlsplit(url).hostname == "127.0.0.1" or url.startswith("data:"), url
 
 
+@pytest.mark.slow
 def test_the_dashboard_is_a_page_of_the_node_and_its_script_speaks_the_protocol(
     node: tuple[NodeProcess, str],
 ) -> None:
@@ -159,6 +162,12 @@ def test_the_dashboard_is_a_page_of_the_node_and_its_script_speaks_the_protocol(
     assert script.status_code == 200 and '"graphql-transport-ws"' in script.text
 
 
+def test_an_app_names_a_dashboard_page_that_exists(tmp_path: Path) -> None:
+    assert build_app().dashboard == ROOT / "examples" / "shop_dashboard.html"
+    with pytest.raises(DefinitionError, match="dashboard .* is not a file"):
+        dataclasses.replace(build_app(), dashboard=tmp_path / "missing.html")
+
+
 def test_the_readme_shows_the_client_this_module_runs() -> None:
     section = (ROOT / "README.md").read_text().split("## Live subscriptions", 1)[1].split("\n## ", 1)[0]
     client = re.search(r"```python\n(.*?)```", section, flags=re.S)
@@ -166,6 +175,7 @@ def test_the_readme_shows_the_client_this_module_runs() -> None:
     assert client[1].strip() in (ROOT / "examples" / "follow_key.py").read_text()
 
 
+@pytest.mark.slow
 def test_the_readme_client_follows_a_key(node: tuple[NodeProcess, str], broker: EmbeddedBroker) -> None:
     served, topic = node
     key = "customer-0999"  # no order of the dashboard test has it
@@ -193,6 +203,7 @@ def test_the_readme_client_follows_a_key(node: tuple[NodeProcess, str], broker: 
     assert answer["data"]["orderCount"]["get"] == 3
 
 
+@pytest.mark.slow
 def test_the_subscription_dev_prints_runs_in_graphiql(
     node: tuple[NodeProcess, str], broker: EmbeddedBroker, tmp_path: Path
 ) -> None:

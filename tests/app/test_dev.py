@@ -376,7 +376,10 @@ def test_dev_with_two_nodes_answers_the_same_on_each(tmp_path: Path) -> None:
         os.killpg(dev.process.pid, signal.SIGKILL)
         raise
     output = dev.ctrl_c()
-    assert len(urls) == 2 and answers[0] == answers[1] and "errors" not in answers[0], answers
+    assert len(urls) == 2 and not any("errors" in answer for answer in answers), answers
+    # the data, not the whole response: extensions.staleness names the standby that answered on a node that
+    # believed its peer down for a moment (a missed membership poll on a busy machine) — per node by design
+    assert answers[0]["data"] == answers[1]["data"], answers
     guest = records[0]["key"]
     assert answers[0]["data"]["bookingsPerGuest"]["get"] == sum(r["key"] == guest for r in records)
     assert dev.process.returncode == 0 and "stopping node-1" in output and processes_of(state) == []
