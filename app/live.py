@@ -32,7 +32,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Se
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from iqgraph.app import routing
+from iqgraph.app import live_stream, routing
 from iqgraph.app.live_follow import Interest, Rows, follow_partitions, partitions_of
 from iqgraph.app.live_relay import Broadcasts, MemberOverflowError, Relays
 from iqgraph.app.live_stream import encode_request, open_changes, open_follow
@@ -68,7 +68,6 @@ if TYPE_CHECKING:
 WATCHABLE = (StoreKind.KEY_VALUE, StoreKind.WINDOW, StoreKind.BLOOM)
 Hosted = Mapping[str, Mapping[int, PartitionStores]]
 MAX_QUEUED = 1_024  # a source's events a watch may hold before the source is made to start again
-MAX_PEER_KEYS = 1_000_000
 MAX_BACKOFF_S = 2.0
 PROMOTE_EVERY_S = 2.0  # how often a watch served by a standby checks whether the active serves again
 MAX_AHEAD = 2  # events a local source reads ahead of its subscriber (the rest stays in the feed, conflated)
@@ -294,8 +293,8 @@ class Live:
             if self._definition(store).topic != topic:
                 raise invalid_argument("interest", f"store {store} is not of topic {topic}")
         count = sum(len(keys) for ps in interest.values() for keys in ps.values())
-        if count > MAX_PEER_KEYS:
-            raise limit_exceeded("keys a peer follows", MAX_PEER_KEYS, count)
+        if count > live_stream.MAX_FOLLOW_KEYS:
+            raise limit_exceeded("keys a peer follows", live_stream.MAX_FOLLOW_KEYS, count)
         hosted = {p: self._serves(topic, p, standby) for p in partitions_of(interest)}
         roles = {p: self.role(topic, p) for p in hosted}
 
@@ -394,6 +393,10 @@ class _Watch:
         self.queue: asyncio.Queue[tuple[int, Rows | BaseException]] = asyncio.Queue()
         self.sources: dict[int, _Source] = {}
         self.tasks: set[asyncio.Task[None]] = set()  # the local sources' pumps
+        self.promote_at = 0.0  # when a watch served by a standby next checks whether the active serves again
+        self.started = False  # every partition has sent its first snapshot (until then: held, see _first)
+        self.initial: dict[int, Rows] = {}
+        self.early: list[Rows] = []
         self.taken = asyncio.Event()  # the subscriber took an event: a local source may read on
         self.sent: dict[tuple[Key, int | None], Any] = {}  # the last value sent of each key (window)
         self.by_partition: dict[int, int] = {}  # partition → the tag of its source
@@ -416,11 +419,15 @@ class _Watch:
             else:
                 delay = self._plan()
                 if any(source.standby for source in self.sources.values()):
-                    delay = min(delay or PROMOTE_EVERY_S, PROMOTE_EVERY_S)
+                    now = time.monotonic()
+                    if now >= self.promote_at:  # however busy the stream: events may never leave a quiet moment
+                        self.promote_at = now + PROMOTE_EVERY_S
+                        self._promote()
+                        continue
+                    delay = min(delay or PROMOTE_EVERY_S, self.promote_at - now)
                 try:
                     tag, item = await asyncio.wait_for(self.queue.get(), delay) if delay else await self.queue.get()
                 except TimeoutError:
-                    self._promote()
                     continue
                 self.taken.set()
             source = self.sources.get(tag)
@@ -446,8 +453,26 @@ class _Watch:
                 self.excluded.pop(rows.partition, None)
             if not self.pending:
                 self.waiting_since, self.failures = None, 0
-            for change in self._apply(found):
-                yield change
+            groups = [found] if self.started else self._first(found)
+            for group in groups:  # snapshots read together are sent together, a batch alone
+                for change in self._apply(group):
+                    yield change
+
+    def _first(self, found: list[Rows]) -> list[list[Rows]]:
+        """Hold rows until every partition has sent its first snapshot; then return them to send: the snapshots
+        together (a key several partitions hold is sent once, merged, not first with one partition's state), then
+        the batches that came meanwhile."""
+        for rows in found:
+            if not rows.snapshot:
+                self.early.append(rows)
+            elif rows.position >= getattr(self.initial.get(rows.partition), "position", -1):
+                self.initial[rows.partition] = rows
+        if not set(self.routed) <= set(self.initial):
+            return []
+        self.started = True
+        ready = [list(self.initial.values()), *([rows] for rows in self.early)]
+        self.initial, self.early = {}, []
+        return ready
 
     async def close(self) -> None:
         """Stop every source; a local one's feed subscription is closed when this returns."""
@@ -594,8 +619,11 @@ class _Watch:
                 rows.partition: Snapshot(rows.position, [(k, w, s) for n, k, w, s, _ in rows.rows if n == name], True)
                 for rows in newer
             }
-            made = self.watched.snapshot(
-                snapshots, {rows.partition: self.positions.get(rows.partition, 0) for rows in newer}
+            made = self._unsent(
+                self.watched.snapshot(
+                    snapshots, {rows.partition: self.positions.get(rows.partition, 0) for rows in newer}
+                ),
+                {rows.partition: rows.position for rows in newer},
             )
         else:
             (rows,) = newer
@@ -608,6 +636,17 @@ class _Watch:
         if all(lag is None for lag in lags.values()):
             return made
         return [dataclasses.replace(c, lag=lags.get(c.partition)) for c in made]
+
+    def _unsent(self, made: list[LiveChange], positions: Mapping[int, int]) -> list[LiveChange]:
+        """Return a snapshot's changes but the values the subscriber has already (a source replaced mid-stream
+        reads every key again); each partition's last change left carries the snapshot's position."""
+        if not self.started or not self.sent:
+            return made
+        kept = [c for c in made if self.sent.get((c.key, c.window_start), _NOTHING) != c.value]
+        last: dict[int, int] = {c.partition: i for i, c in enumerate(kept)}
+        for p, i in last.items():
+            kept[i] = dataclasses.replace(kept[i], position=positions[p])
+        return kept
 
     def _changes(self, rows: Rows) -> list[LiveChange]:
         """Return one batch's changes of the watched keys; the last carries the batch's position."""

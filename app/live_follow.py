@@ -164,7 +164,8 @@ async def _snapshot(
         snapshots = await asyncio.to_thread(read_then_follow, feed, subscription, databases, read)
     except StoreError as exc:
         raise api_error(exc) from None
-    return [Rows(p, s.position, s.value, True, lag(p)) for p, s in sorted(snapshots.items()) if s.newer]
+    return [Rows(p, s.position, s.value, True, lag(p)) for p, s in sorted(snapshots.items())]  # the follower skips
+    # what it has already (a snapshot not past its position): every partition sends one, so it knows each is followed
 
 
 async def _next(subscription: Subscription, check_every_s: float, check: Callable[[], None]) -> list[Change]:

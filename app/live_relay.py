@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from iqgraph.app.live_follow import Interest, Rows
+from iqgraph.app import live_stream
+from iqgraph.app.live_follow import Interest, Row, Rows
+from iqgraph.schema.errors import limit_exceeded
 from iqgraph.stores import Key
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,8 @@ log = logging.getLogger(__name__)
 RESTART_AFTER_S = 0.02
 MAX_QUEUED = 1_024
 MAX_COUNTS = 64
+MAX_UPSTREAMS = 256  # upstreams of one node (each one long-lived connection)
+MAX_MEMBERS = 2_048  # watches of one node followed on peers
 
 #: Opens the upstream of an interest: (interest, window_from) → the rows the peer streams.
 OpenStream = Callable[[Interest, Mapping[str, int | None]], AsyncIterator[Rows]]
@@ -61,22 +66,41 @@ class Member:
         self.window_from = dict(window_from)
         self.queue = queue
         self.tag = tag
+        self.snapshotted: set[int] = set()  # partitions whose snapshot it had: their changes follow on from it
 
     def leave(self) -> None:
         """Stop following (the relay ends with its last member)."""
         self.relay.leave(self)
 
     def deliver(self, rows: Rows) -> bool:
-        """Queue the rows of this member's keys; return False (and end it) if its subscriber is too far behind."""
-        mine = [row for row in rows.rows if row[1] in self.interest.get(row[0], {}).get(rows.partition, ())]
+        """Queue the rows of this member's keys; return False (and end it) if its subscriber is too far behind.
+
+        A partition's changes reach a member only after its snapshot of that partition (a member that joined
+        while the upstream ran waits for the restarted upstream's): its other keys are never skipped.
+        """
+        if rows.snapshot:
+            self.snapshotted.add(rows.partition)
+        elif rows.partition not in self.snapshotted:
+            return True
+        mine = [row for row in rows.rows if self._wants(row, rows.partition)]
         if self.queue.qsize() >= MAX_QUEUED:
             self.queue.put_nowait((self.tag, MemberOverflowError(f"more than {MAX_QUEUED} events behind")))
             return False
         self.queue.put_nowait((self.tag, Rows(rows.partition, rows.position, mine, rows.snapshot, rows.lag)))
         return True
 
+    def _wants(self, row: Row, partition: int) -> bool:
+        store, key, start = row[0], row[1], row[2]
+        lower = self.window_from.get(store)
+        return key in self.interest.get(store, {}).get(partition, ()) and (
+            start is None or lower is None or start >= lower
+        )
+
     def fail(self, error: BaseException) -> None:
         self.queue.put_nowait((self.tag, error))
+
+    def keys(self) -> int:
+        return sum(len(keys) for ps in self.interest.values() for keys in ps.values())
 
     def follows(self, partition: int) -> bool:
         return any(partition in ps for ps in self.interest.values())
@@ -105,9 +129,15 @@ class Relay:
             self._task = asyncio.create_task(self._run())
         return member
 
+    def keys(self) -> int:
+        """Return how many keys the members follow (counted per member: an upper bound of the union's)."""
+        return sum(member.keys() for member in self.members)
+
     def leave(self, member: Member) -> None:
         self.members.discard(member)
         if not self.members and self._task is not None:
+            self._ended = True  # at once: a watch joining now gets a new relay, not this one being cancelled
+            self.on_end(self)
             self._task.cancel()
 
     async def _run(self) -> None:
@@ -120,14 +150,14 @@ class Relay:
                 stream = asyncio.create_task(self._follow(interest, window_from))
                 wanted = asyncio.create_task(self._wanted.wait())
                 try:
-                    done, _ = await asyncio.wait({stream, wanted}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
+                    await asyncio.wait({stream, wanted}, return_when=asyncio.FIRST_COMPLETED)
+                finally:  # cancelled (the last member left) included: the upstream closes with it
                     wanted.cancel()
-                    if stream not in done:
+                    if not stream.done():
                         stream.cancel()
                         with contextlib.suppress(asyncio.CancelledError):
                             await stream
-                if stream in done:
+                if stream.done() and not stream.cancelled():
                     stream.result()  # the upstream ended: raise why
         except asyncio.CancelledError:
             pass
@@ -147,6 +177,8 @@ class Relay:
                 for member in [m for m in self.members if m.follows(rows.partition)]:
                     if not member.deliver(rows):
                         self.members.discard(member)
+                if not self.members:
+                    return  # every member fell behind and went: the relay ends
         raise ConnectionError("the upstream ended")
 
     def _union(self) -> tuple[dict[str, dict[int, list[Key]]], dict[str, int | None]]:
@@ -163,11 +195,19 @@ class Relay:
 
 
 class Relays:
-    """This node's relays, one per (peer, topic, caller, copy), made on the first join and gone with the last."""
+    """This node's relays, one per (peer, topic, caller, copy), made on the first join and gone with the last.
 
-    def __init__(self) -> None:
+    Bounded: a relay follows at most ``max_keys`` keys (more: another relay for the same peer), the node at most
+    ``max_upstreams`` relays and ``max_members`` watches through them; one more is LIMIT_EXCEEDED for that watch.
+    """
+
+    def __init__(
+        self, max_keys: int | None = None, max_upstreams: int = MAX_UPSTREAMS, max_members: int = MAX_MEMBERS
+    ) -> None:
+        self.max_keys = live_stream.MAX_FOLLOW_KEYS if max_keys is None else max_keys  # what a peer accepts
+        self.max_upstreams = max_upstreams
+        self.max_members = max_members
         self._relays: dict[tuple[Any, ...], Relay] = {}
-        self._ids = itertools.count()
 
     def join(
         self,
@@ -178,21 +218,29 @@ class Relays:
         queue: asyncio.Queue[Any],
         tag: Any,
     ) -> Member:
-        """Join the relay of key (made with open_stream if there is none)."""
-        relay = self._relays.get(key)
-        if relay is None or relay._ended:
-            relay = self._relays[key] = Relay(open_stream, lambda ended: self._end(key, ended))
-        return relay.join(interest, window_from, queue, tag)
+        """Join a relay of key with room for interest (made with open_stream if there is none)."""
+        members = sum(len(r.members) for r in self._relays.values())
+        if members >= self.max_members:
+            raise limit_exceeded("watches of this node followed on peers", self.max_members, members + 1)
+        wanted = sum(len(keys) for ps in interest.values() for keys in ps.values())
+        if wanted > self.max_keys:
+            raise limit_exceeded("keys of one watch followed on a peer", self.max_keys, wanted)
+        for shard in itertools.count():
+            relay = self._relays.get((*key, shard))
+            if relay is None or relay._ended:
+                if len(self._relays) >= self.max_upstreams:
+                    raise limit_exceeded("upstreams of this node to peers", self.max_upstreams, len(self._relays) + 1)
+                relay = self._relays[(*key, shard)] = Relay(open_stream, functools.partial(self._end, (*key, shard)))
+            elif relay.keys() + wanted > self.max_keys:
+                continue
+            return relay.join(interest, window_from, queue, tag)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _end(self, key: tuple[Any, ...], relay: Relay) -> None:
         if self._relays.get(key) is relay:
             del self._relays[key]
 
     def __len__(self) -> int:
-        return len(self._relays)
-
-    def upstreams(self) -> int:
-        """Return how many upstreams are open now (one per relay)."""
         return len(self._relays)
 
 
@@ -252,6 +300,8 @@ class Broadcasts:
     def get(self, key: tuple[Any, ...], open_counts: Callable[[], AsyncIterator[int]]) -> Broadcast:
         found = self._broadcasts.get(key)
         if found is None or found.ended:
+            if len(self._broadcasts) >= MAX_UPSTREAMS:
+                raise limit_exceeded("change streams of this node to peers", MAX_UPSTREAMS, len(self._broadcasts) + 1)
             found = self._broadcasts[key] = Broadcast(open_counts, lambda ended: self._end(key, ended))
         return found
 

@@ -85,12 +85,14 @@ class WatchedKeys:
         sender: dict[tuple[Key, int | None], int] = {}
         for p, found in snapshots.items():
             for key, start, state in found.value:
+                if start is not None and self.window_from is not None and start < self.window_from:
+                    continue  # a window before the subscriber's from (a relay reads every member's)
                 self._remember(key, start, p, state)
                 if found.newer:
                     sender[(key, start)] = max(p, sender.get((key, start), p))
         changes: list[LiveChange] = []
         for p in newer:
-            rows = [row for row in snapshots[p].value if sender[(row[0], row[1])] == p]
+            rows = [row for row in snapshots[p].value if sender.get((row[0], row[1])) == p]
             made = [
                 (key, start, value)
                 for key, start, state in rows

@@ -35,6 +35,7 @@ from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
 
 #: How long the peer client waits for a peer's answer (read, write, pool), in seconds.
 PEER_TIMEOUT_S = 5.0
+STREAM_CONNECTIONS = 512  # live streams to peers (app.live_relay bounds them: 256 upstreams, and change counts)
 #: The longest timeout_s an owner-side field may have: the peer's answer must reach the caller within
 #: PEER_TIMEOUT_S, with a second left for the round trip (else the caller sees the peer as down).
 OWNER_FIELD_MAX_TIMEOUT_S = PEER_TIMEOUT_S - 1.0
@@ -114,6 +115,7 @@ class PeerClient:
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.sent: Counter[str] = Counter()
         self._clients: dict[int, httpx.AsyncClient] = {}
+        self._streams: dict[int, httpx.AsyncClient] = {}
         self._pending: dict[tuple[int, str, Principal], list[_Lookup]] = {}
         self._tasks: set[asyncio.Future[None]] = set()
 
@@ -127,8 +129,14 @@ class PeerClient:
         return client
 
     def stream_client(self) -> httpx.AsyncClient:
-        """Return the client of this event loop, for a peer's event stream (``app.live_stream``)."""
-        return self._client()
+        """Return this event loop's client of peers' event streams (``app.live_stream``): a pool of its own, so
+        long-lived streams never take the connections forwarded reads need."""
+        loop = id(asyncio.get_running_loop())
+        client = self._streams.get(loop)
+        if client is None:
+            limits = httpx.Limits(max_connections=STREAM_CONNECTIONS, max_keepalive_connections=8)
+            client = self._streams[loop] = httpx.AsyncClient(timeout=self.timeout, limits=limits, verify=self.verify)
+        return client
 
     async def query(self, url: str, query: str, variables: Mapping[str, Any], caller: Principal) -> Any:
         """Return the data of one forwarded GraphQL request; raise PeerError / PeerUnavailableError."""
