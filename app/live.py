@@ -339,16 +339,6 @@ class Live:
             )
         return stores
 
-    def _local_source(
-        self,
-        topic: str,
-        interest: Interest,
-        after: Mapping[int, int],
-        window_from: Mapping[str, int | None],
-        standby: bool,
-    ) -> AsyncGenerator[Rows, None]:
-        return self.serve_peer(topic, interest, after, window_from, standby, _LOCAL)
-
     def _open_stream(self, node: str, topic: str, standby: bool, caller: Principal) -> Callable[..., Any]:
         """Return how a relay opens its upstream to node (a signed follow request)."""
         assert self.queries is not None and self.peers is not None  # noqa: S101 - only with peers
@@ -532,7 +522,7 @@ class _Watch:
         if server.node == self.live.node_id:
             after = {p: self.positions[p] for p in partitions if p in self.positions}
             task = asyncio.create_task(
-                self._pump(tag, self.live._local_source(self.topic, interest, after, self.window_from, standby))
+                self._pump(tag, self.live.serve_peer(self.topic, interest, after, self.window_from, standby, _LOCAL))
             )
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
@@ -33,113 +33,110 @@ class Followed:
     offset: int
 
 
-@dataclass
-class Follower:
-    """Follow keys on a node from a thread until stopped; errors and the end of the stream are kept."""
+class _Subscriber:
+    """One graphql-transport-ws subscription to a node, read in a thread until stopped; errors are kept."""
 
-    node: NodeProcess
-    keys: Sequence[str]
-    events: list[Followed] = field(default_factory=list)
-    errors: list[Any] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    query = ""
+    variables: dict[str, Any] = {}
+
+    def __init__(self, node: NodeProcess) -> None:
+        self.node = node
+        self.errors: list[Any] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self, timeout: float = 30) -> None:
-        """Start following; return once the first value of every key has come."""
-        self._thread = threading.Thread(target=self._run, name="live-follower", daemon=True)
+        """Start following; return once it has what it waits for first (``started``)."""
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
-        while {e.key for e in self.events} != set(self.keys):
+        while not self.started():
             assert not self.errors, self.errors
-            assert time.monotonic() < deadline, f"no first value of every key after {timeout} s: {self.events[-5:]}"
+            assert time.monotonic() < deadline, f"{type(self).__name__} not started after {timeout} s"
             time.sleep(0.05)
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+
+    def started(self) -> bool:
+        raise NotImplementedError
+
+    def received(self, data: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        try:
+            with websocket(self.node.url.removeprefix("http://")) as raw:
+                ws = TransportWS(raw)
+                ws.init()
+                ws.subscribe("1", self.query, self.variables)
+                while not self._stop.is_set():
+                    try:
+                        message = ws.receive(timeout=0.5)
+                    except TimeoutError:
+                        continue
+                    if message["type"] != "next" or message["payload"].get("errors"):
+                        self.errors.append(message)
+                        return
+                    self.received(message["payload"]["data"])
+        except (ConnectionClosed, OSError) as exc:
+            self.errors.append(repr(exc))
+
+
+class Follower(_Subscriber):
+    """Follow keys' order counts, every event kept with the time it came."""
+
+    query = FOLLOW
+
+    def __init__(self, node: NodeProcess, keys: Sequence[str]) -> None:
+        super().__init__(node)
+        self.keys = list(keys)
+        self.variables = {"keys": self.keys}
+        self.events: list[Followed] = []
+
+    def started(self) -> bool:
+        return {e.key for e in self.events} == set(self.keys)  # the first value of every key
 
     def latest(self) -> dict[str, int | None]:
         """Return each key's last value received."""
         return {e.key: e.value for e in list(self.events)}
 
-    def _run(self) -> None:
-        try:
-            with websocket(self.node.url.removeprefix("http://")) as raw:
-                ws = TransportWS(raw)
-                ws.init()
-                ws.subscribe("1", FOLLOW, {"keys": list(self.keys)})
-                while not self._stop.is_set():
-                    try:
-                        message = ws.receive(timeout=0.5)
-                    except TimeoutError:
-                        continue
-                    if message["type"] != "next" or message["payload"].get("errors"):
-                        self.errors.append(message)
-                        return
-                    e = message["payload"]["data"]["orderCountWatch"]
-                    position = e["position"]
-                    self.events.append(
-                        Followed(
-                            time.monotonic(),
-                            e["key"],
-                            e["value"],
-                            e["snapshot"],
-                            e["dropped"],
-                            e["lag"],
-                            position["partition"],
-                            position["offset"],
-                        )
-                    )
-        except (ConnectionClosed, OSError) as exc:
-            self.errors.append(repr(exc))
+    def received(self, data: dict[str, Any]) -> None:
+        e = data["orderCountWatch"]
+        position = e["position"]
+        self.events.append(
+            Followed(
+                time.monotonic(),
+                e["key"],
+                e["value"],
+                e["snapshot"],
+                e["dropped"],
+                e["lag"],
+                position["partition"],
+                position["offset"],
+            )
+        )
 
 
 TOP = "subscription { topCustomersWatchTop(first: 5) { entries { member value rank } } }"
 
 
-@dataclass
-class TopFollower:
-    """Follow the shop's top 5 customers by spend on a node from a thread: every top received, and errors."""
+class TopFollower(_Subscriber):
+    """Follow the shop's top 5 customers by spend: every top received."""
 
-    node: NodeProcess
-    tops: list[list[dict[str, Any]]] = field(default_factory=list)
-    errors: list[Any] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    query = TOP
 
-    def start(self, timeout: float = 30) -> None:
-        """Start following; return once the first top has come."""
-        self._thread = threading.Thread(target=self._run, name="top-follower", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.tops:
-            assert not self.errors, self.errors
-            assert time.monotonic() < deadline, f"no top after {timeout} s"
-            time.sleep(0.05)
+    def __init__(self, node: NodeProcess) -> None:
+        super().__init__(node)
+        self.tops: list[list[dict[str, Any]]] = []
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+    def started(self) -> bool:
+        return bool(self.tops)
 
-    def _run(self) -> None:
-        try:
-            with websocket(self.node.url.removeprefix("http://")) as raw:
-                ws = TransportWS(raw)
-                ws.init()
-                ws.subscribe("1", TOP, {})
-                while not self._stop.is_set():
-                    try:
-                        message = ws.receive(timeout=0.5)
-                    except TimeoutError:
-                        continue
-                    if message["type"] != "next" or message["payload"].get("errors"):
-                        self.errors.append(message)
-                        return
-                    self.tops.append(message["payload"]["data"]["topCustomersWatchTop"]["entries"])
-        except (ConnectionClosed, OSError) as exc:
-            self.errors.append(repr(exc))
+    def received(self, data: dict[str, Any]) -> None:
+        self.tops.append(data["topCustomersWatchTop"]["entries"])
 
 
 def wrong_values(events: Sequence[Followed], truth_at: Callable[[str, int], int]) -> list[str]:
