@@ -439,6 +439,7 @@ class _Watch:
                             found.append(more[1])
                     else:
                         held.append(more)
+                self.taken.set()
             for rows in found:
                 self.excluded.pop(rows.partition, None)
             if not self.pending:
