@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from iqgraph.app import live_stream, routing
-from iqgraph.app.live_follow import Interest, Rows, follow_partitions, partitions_of
+from iqgraph.app.live_follow import Hosted, Interest, Rows, follow_partitions, partitions_of
 from iqgraph.app.live_relay import Broadcasts, MemberOverflowError, Relays
 from iqgraph.app.live_stream import encode_request, open_changes, open_follow
 from iqgraph.app.live_values import WatchedKeys
@@ -66,7 +66,6 @@ if TYPE_CHECKING:
     from iqgraph.app.peers import PeerClient
 
 WATCHABLE = (StoreKind.KEY_VALUE, StoreKind.WINDOW, StoreKind.BLOOM)
-Hosted = Mapping[str, Mapping[int, PartitionStores]]
 MAX_QUEUED = 1_024  # a source's events a watch may hold before the source is made to start again
 MAX_BACKOFF_S = 2.0
 PROMOTE_EVERY_S = 2.0  # how often a watch served by a standby checks whether the active serves again

@@ -35,6 +35,8 @@ from iqgraph.streaming.feed_errors import (
 from iqgraph.streaming.snapshots import read_then_follow
 from iqgraph.streaming.subscription import Subscription
 
+#: Topic → partition → the stores this node hosts, now (the runner's live dict).
+Hosted = Mapping[str, Mapping[int, PartitionStores]]
 #: Per store, per partition, the keys followed.
 Interest = Mapping[str, Mapping[int, Sequence[Key]]]
 #: One key's state in one event: (store, key, window start or None, state, states conflated before it).

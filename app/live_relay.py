@@ -42,8 +42,6 @@ MAX_MEMBERS = 2_048  # watches of one node followed on peers
 
 #: Opens the upstream of an interest: (interest, window_from) → the rows the peer streams.
 OpenStream = Callable[[Interest, Mapping[str, int | None]], AsyncIterator[Rows]]
-#: Where a member's rows (or the error that ends it) go.
-Deliver = Callable[[Rows | BaseException], None]
 
 
 class MemberOverflowError(Exception):
@@ -113,7 +111,6 @@ class Relay:
         self.open_stream = open_stream
         self.on_end = on_end
         self.members: set[Member] = set()
-        self.upstreams = 0  # how many times the upstream was opened (each join restarts it)
         self._wanted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._ended = False
@@ -171,7 +168,6 @@ class Relay:
             self.members.clear()
 
     async def _follow(self, interest: Interest, window_from: Mapping[str, int | None]) -> None:
-        self.upstreams += 1
         async with contextlib.aclosing(self.open_stream(interest, window_from)) as stream:  # type: ignore[type-var]
             async for rows in stream:
                 for member in [m for m in self.members if m.follows(rows.partition)]:

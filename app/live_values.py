@@ -1,7 +1,7 @@
 """What one watch has read and sent, and how its stores' states become the values a subscriber gets.
 
-A ``WatchedKeys`` belongs to one subscription (``app.live``). It reads the watched keys' states of one
-partition (a snapshot, in a worker thread), and turns snapshots and the feed's changes into
+A ``WatchedKeys`` belongs to one subscription (``app.live``). It turns the snapshots and changes its sources
+send (``app.live_follow.Rows``) into
 ``schema.types.LiveChange``: states are merged over the partitions a key lives in (a store keyed by a column,
 producers mixing partitioners: ``app.merging``), then finalized. Per store kind:
 
@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from iqgraph.app.local_partitions import FAR_FUTURE, FAR_PAST
 from iqgraph.app.merging import aggregation_of, finalize
 from iqgraph.schema.types import LiveChange
-from iqgraph.stores import Key, PartitionStores, StoreKind, WindowedValue
+from iqgraph.stores import Key, StoreKind, WindowedValue
 from iqgraph.stores.aggregations import merge_state
 from iqgraph.streaming.change_set import Change
 from iqgraph.streaming.definitions import StoreDefinition
@@ -53,24 +52,6 @@ class WatchedKeys:
                 self._partitions.setdefault(key, []).append(p)
         self._shared: dict[tuple[Key, int | None], dict[int, Any]] = {}  # keys of several partitions: their states
         self._contained: set[Key] = set()  # bloom keys sent
-
-    # -- reading -----------------------------------------------------------------------------------
-
-    def read(self, hosted: Mapping[int, PartitionStores], partition: int) -> list[Row]:
-        """Return the states of partition's watched keys (blocks on RocksDB: run it in a worker thread)."""
-        stores, keys, name = hosted[partition], self.routed[partition], self.definition.name
-        kind = self.definition.kind
-        if kind is StoreKind.KEY_VALUE:
-            states = stores.kv(name).multi_get(keys, states=True)
-            return [(key, None, state) for key, state in zip(keys, states, strict=True)]
-        if kind is StoreKind.WINDOW:
-            lower = FAR_PAST if self.window_from is None else self.window_from
-            window = stores.window(name)
-            return [
-                (w.key, w.start, w.value) for key in keys for w in window.fetch(key, lower, FAR_FUTURE, states=True)
-            ]
-        contained = stores.bloom(name).might_contain_many(keys)
-        return [(key, None, True) for key, found in zip(keys, contained, strict=True) if found]
 
     # -- what is sent --------------------------------------------------------------------------------
 

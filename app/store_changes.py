@@ -14,12 +14,13 @@ stops counting here at once; the subscription stays open, quiet until a partitio
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable
 
+from iqgraph.app.live_follow import Hosted
 from iqgraph.app.local_partitions import definition_of
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.schema.errors import api_error, limit_exceeded
-from iqgraph.stores import PartitionStores, StoreError
+from iqgraph.stores import StoreError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.feed_errors import (
@@ -28,8 +29,6 @@ from iqgraph.streaming.feed_errors import (
     TooManySubscriptionsError,
 )
 from iqgraph.streaming.subscription import Subscription
-
-Hosted = Mapping[str, Mapping[int, PartitionStores]]
 
 
 async def store_changes(
