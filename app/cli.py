@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from iqgraph.app.data_file import BadLine
+from iqgraph.app.dev.data_file import BadLine
 from iqgraph.app.loading import AppLoadError, load_app
 from iqgraph.app.settings import Settings, SettingsError, load_settings
 from iqgraph.schema import SchemaDefinitionError
@@ -165,28 +165,28 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command in ("dev", "demo"):
-        from iqgraph.app.dev import DEMO_APP, DevOptions, run_dev
+        from iqgraph.app.dev.run import DEMO_APP, DevOptions, run_dev
 
         options = {k: getattr(args, k) for k in ("nodes", "rate", "port", "state_dir", "duration")}
         if args.command == "demo":
             return run_dev(DevOptions(app=DEMO_APP, prefix="iqgraph demo", **options))
         return run_dev(DevOptions(app=args.app, data=args.data, **options))
     if args.command == "schema":
-        from iqgraph.app.server import print_schema
+        from iqgraph.app.http.server import print_schema
 
         return print_schema(load_app(args.app))
     return _produce(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from iqgraph.app.server import serve
+    from iqgraph.app.http.server import serve
 
     settings = _settings(args)
     return serve(settings, load_app(settings.app))
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from iqgraph.app.producer import ONE_RECORD_PER_REQUEST, produce_events, producer_config
+    from iqgraph.app.dev.producer import ONE_RECORD_PER_REQUEST, produce_events, producer_config
 
     app = load_app(args.app)
     extra = ONE_RECORD_PER_REQUEST if args.one_record_per_request else None
@@ -204,8 +204,8 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _produce_file(app: App, config: dict[str, Any], file: str) -> int:
-    from iqgraph.app.data_file import read_records
-    from iqgraph.app.producer import produce_records
+    from iqgraph.app.dev.data_file import read_records
+    from iqgraph.app.dev.producer import produce_records
 
     def bad_line(bad: BadLine) -> None:
         print(f"iqgraph: skipped {file}: {bad}", file=sys.stderr)
@@ -241,9 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _node_errors() -> tuple[type[BaseException], ...]:
-    from iqgraph.app.dev import DevError
+    from iqgraph.app.dev.run import DevError
+    from iqgraph.app.dev.topics import TopicCreationError
     from iqgraph.app.node import NodeStartError
-    from iqgraph.app.topics import TopicCreationError
     from iqgraph.streaming.broker import BrokerError
 
     return (NodeStartError, DevError, TopicCreationError, BrokerError)

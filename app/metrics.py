@@ -58,7 +58,7 @@ from iqgraph.streaming.kafka_offsets import KafkaSourceError
 if TYPE_CHECKING:
     from strawberry.extensions import SchemaExtension
 
-    from iqgraph.app.membership import Member
+    from iqgraph.app.cluster.membership import Member
     from iqgraph.schema.types import NodeInfo
     from iqgraph.streaming.sink import BatchReport
 
@@ -172,7 +172,7 @@ class NodeMetrics:
 
 
 class LiveCollector:
-    """Collect, at scrape time, the live subscriptions' gauges (``app.live``: feed subscriptions, upstreams)."""
+    """Collect, at scrape time, the live subscriptions' gauges (``app.live.watch``: feed subscriptions, upstreams)."""
 
     HELP = {
         "feed_subscriptions": "Subscriptions to this node's change feed (local watches and peers' upstreams)",

@@ -17,11 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from iqgraph.app.cluster_queries import ClusterStoreQueries, RetryPolicy
-from iqgraph.app.health import PeerHealth
-from iqgraph.app.live import Live
-from iqgraph.app.local_partitions import LocalPartitions
-from iqgraph.app.membership import (
+from iqgraph.app.cluster.health import PeerHealth
+from iqgraph.app.cluster.membership import (
     ClusterMap,
     Member,
     Membership,
@@ -29,14 +26,19 @@ from iqgraph.app.membership import (
     parse_peers,
     with_joined_tables,
 )
+from iqgraph.app.cluster.peers import PeerClient
+from iqgraph.app.cluster.replicas import PeerStates
+from iqgraph.app.cluster.topic_watch import TopicWatch
+from iqgraph.app.dev.topics import TopicCreationError, create_topics
+from iqgraph.app.live.watch import Live
 from iqgraph.app.metrics import NodeMetrics
-from iqgraph.app.peers import PeerClient
-from iqgraph.app.replicas import PeerStates
+from iqgraph.app.owner.calls import call_many
+from iqgraph.app.owner.runner import OwnerFieldRunner
+from iqgraph.app.query.partitions import LocalPartitions
+from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
+from iqgraph.app.security.tls import peer_verify
 from iqgraph.app.settings import Settings
 from iqgraph.app.supervisor import QuerySupervisor
-from iqgraph.app.tls import peer_verify
-from iqgraph.app.topic_watch import TopicWatch
-from iqgraph.app.topics import TopicCreationError, create_topics
 from iqgraph.stores import PartitionState, StateDirectory, StoreError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.definitions import App, DefinitionError
@@ -188,6 +190,7 @@ class Node:
             role=self._role,
             pipeline=self.supervisor.status,
             stall_timeout_s=self.settings.stall_timeout_s,
+            owner=OwnerFieldRunner,
         )
         self.peers = PeerClient(
             self.settings.node_id,
@@ -206,6 +209,7 @@ class Node:
             retry=RetryPolicy(deadline_ms=self.settings.not_ready_deadline_ms),
             peer_states=peer_states,
             partitioner=self.topic_watch.partitioner,
+            owner_calls=call_many,
         )
         self.live = Live(
             self.app,
@@ -233,7 +237,7 @@ class Node:
         partitions = {t.name: t.partitions for t in self.app.topics if not t.global_table}
         global_topics = {t.name: t.partitions for t in self.app.topics if t.global_table}
         if settings.membership == "kafka":
-            from iqgraph.app.group_membership import GroupMembership
+            from iqgraph.app.cluster.group_membership import GroupMembership
 
             def replicas() -> dict[tuple[str, int], tuple[str, int | None]]:
                 """Return the state and lag of every hosted partition (none before the pipelines start)."""

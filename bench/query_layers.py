@@ -35,8 +35,8 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from iqgraph.app.local_partitions import definition_of  # noqa: E402
-from iqgraph.app.routing import store_key_partitions  # noqa: E402
+from iqgraph.app.query.partitions import definition_of  # noqa: E402
+from iqgraph.app.query.routing import store_key_partitions  # noqa: E402
 from iqgraph.schema import GraphQLApp, Limits, build_schema, context_getter  # noqa: E402
 from tests.queries import single_node  # noqa: E402
 from tests.schema.apps import SHOP_TOPIC, SHOP_TYPES, START_MS, fill_shop, iso, shop_app  # noqa: E402

@@ -49,7 +49,7 @@ from iqgraph.streaming.owner_fields import owner_field
 from iqgraph.streaming.sketches import hyperloglog
 
 if TYPE_CHECKING:
-    from iqgraph.app.owner_views import StoreViews
+    from iqgraph.app.owner.views import StoreViews
 
 GENRES = ["jazz", "rock", "pop", "folk", "blues", "classical", "electronic", "hip-hop"]
 SONGS = 240

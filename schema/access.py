@@ -1,10 +1,10 @@
 """Who is asking, and which stores they may read: the Principal every request carries.
 
-A node authenticates a client (``app.auth``: a JWT or an API key) or a peer (``app.peer_auth``: the peer
-signs the caller's principal into its sub-request), and binds the resulting Principal to the request's
-queries. Every store read is checked against it with ``check_read`` — on the node the client asked and
-again on the owner a key is forwarded to — so a field on a store the caller may not read fails with
-FORBIDDEN, for that field only.
+A node authenticates a client (``app.security.auth``: a JWT or an API key) or a peer (``app.security.peer_auth``:
+the peer signs the caller's principal into its sub-request), and binds the resulting Principal to the request's
+queries. Every store read is checked against it with ``check_read`` — on the node the client asked and again on the
+owner a key is forwarded to — so a field on a store the caller may not read fails with FORBIDDEN, for that field
+only.
 
 Grants are the caller's scopes: ``read:<store>`` lets it read one store, ``read:*`` every store.
 """
@@ -42,7 +42,7 @@ class Principal:
         return self.stores is None or store in self.stores
 
     def to_json(self) -> dict[str, Any]:
-        """Return the principal as a peer carries it (``app.peer_auth`` signs it)."""
+        """Return the principal as a peer carries it (``app.security.peer_auth`` signs it)."""
         return {"sub": self.subject, "stores": None if self.stores is None else sorted(self.stores)}
 
     @classmethod

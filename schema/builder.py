@@ -67,13 +67,14 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext, ExecutionResult
 
 from iqgraph.schema import wire
-from iqgraph.schema.batches import Reads
 from iqgraph.schema.bloom_fields import bloom_type
 from iqgraph.schema.compiled import CompiledQueries, RequestMetrics, run_compiled
 from iqgraph.schema.context import Context
 from iqgraph.schema.dynamic import Arg, Field, object_type, resolved_field, resolver_with
-from iqgraph.schema.entities import EntityPlan, entity_root_fields, entity_targets, plan_entities
-from iqgraph.schema.entity_type import entity_type
+from iqgraph.schema.entities.batches import Reads
+from iqgraph.schema.entities.fields import EntityPlan, entity_root_fields, entity_targets, plan_entities
+from iqgraph.schema.entities.object_type import entity_type
+from iqgraph.schema.entities.relations import Target, entry_fields, value_links
 from iqgraph.schema.errors import (
     ErrorCodes,
     SchemaDefinitionError,
@@ -85,16 +86,15 @@ from iqgraph.schema.internal import internal_fields
 from iqgraph.schema.keys import key_kind
 from iqgraph.schema.kv_fields import key_value_type
 from iqgraph.schema.limits import DocumentChecks, Limits
+from iqgraph.schema.live.subscriptions import subscription_type
 from iqgraph.schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fields
 from iqgraph.schema.metrics import GraphQLMetrics, MetricsExtension
 from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
 from iqgraph.schema.owner_fields import call_field, owner_root_fields
 from iqgraph.schema.ranking_fields import RankingEntry, ranking_entry, ranking_type
-from iqgraph.schema.relations import Target, entry_fields, value_links
 from iqgraph.schema.reports import ClusterReports
 from iqgraph.schema.resolving import MAX_LAG, StorePlan, StoreScope, checked_bound
 from iqgraph.schema.scalars import SCALARS, Long
-from iqgraph.schema.subscriptions import subscription_type
 from iqgraph.schema.types import EntityInfo, OwnerFieldInfo, StoreInfo
 from iqgraph.schema.value_types import LinkError, ValueTypes
 from iqgraph.schema.window_fields import WindowNode, window_node, window_type
@@ -376,7 +376,7 @@ def build_internal_schema(
 ) -> IqGraphSchema:
     """Return the schema of the internal endpoint peers call: ``_lookup``, ``_scan``, ``_count``, ``_call``, ``node``.
 
-    Served only behind the peers' signature check (``app.peer_auth``); bounded by the public limits.
+    Served only behind the peers' signature check (``app.security.peer_auth``); bounded by the public limits.
     request_metrics (the public schema's) times the point reads answered on the lean path.
     """
     settled = limits or Limits()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from iqgraph.schema.access import ANONYMOUS, Principal
-from iqgraph.schema.batches import OpenBatches
+from iqgraph.schema.entities.batches import OpenBatches
 from iqgraph.schema.limits import Limits
 from iqgraph.schema.loaders import Loaders
 from iqgraph.schema.reports import Reports

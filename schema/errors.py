@@ -13,8 +13,8 @@ Expected failures are ApiErrors, most of them translated from the stores excepti
 
     raised by this package               LIMIT_EXCEEDED    + limit, requested
                                          INVALID_ARGUMENT  + argument
-    raised by the routing core           STORE_NOT_AVAILABLE + partition, retryAfterMs[, bestLag]
-      (app.routing, app.cluster_queries) STALE_BEYOND_BOUND  + partition, bestLag, maxLag, retryAfterMs
+    raised by the replica executor       STORE_NOT_AVAILABLE + partition, retryAfterMs[, bestLag, maxLag]
+      (app.query.routing, .executor)     STALE_BEYOND_BOUND  + partition, bestLag, maxLag, retryAfterMs
                                          NODE_UNAVAILABLE    + retryAfterMs (a peer failed and no other
                                                              replica could answer)
                                          PARTITIONER_MISMATCH + topic, partitioner (keys no known
@@ -31,6 +31,10 @@ exception raised while resolving becomes ``{"message": "Internal error…", "ext
 "INTERNAL"}}``: no message, no traceback reaches the client; the original is logged with its traceback.
 A StoreQueries implementation may raise ApiError itself (the routing core's codes): it passes through.
 
+What each code means to the code that meets it — fails over to another replica, worth waiting for, transient,
+its HTTP status — is one table, ``CODES`` (``CodeProperties``): the executor, live watches, owner-side fields
+and REST read it, and nothing else lists codes.
+
 Building a schema fails with ``SchemaDefinitionError`` (a ValueError, never a GraphQL error): one line
 naming what to rename.
 """
@@ -38,8 +42,10 @@ naming what to rename.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from graphql import GraphQLError, GraphQLSyntaxError
@@ -80,6 +86,68 @@ BAD_REQUEST = "BAD_REQUEST"
 UNAUTHENTICATED = "UNAUTHENTICATED"
 FORBIDDEN = "FORBIDDEN"
 INTERNAL_MESSAGE = "Internal error; the server has logged the details."
+
+
+@dataclass(frozen=True)
+class CodeProperties:
+    """What an error code means to the code that meets it: one row of ``CODES``.
+
+    fails_over: the replica that answered cannot serve the partition, another one may (the executor re-plans).
+    waits: it may clear by itself (a partition restoring or moving): retried with backoff until the deadline.
+    transient: the partition cannot be read now but may be later: a scan reports it missing (PARTIAL_RESULT)
+        instead of failing, and a live watch follows it again (until its deadline).
+    http_status: the status REST answers with it. client_error: the request itself is wrong (4xx).
+    """
+
+    fails_over: bool = False
+    waits: bool = False
+    transient: bool = False
+    http_status: int = 500
+
+    @property
+    def client_error(self) -> bool:
+        """Return whether the code blames the request (a 4xx), not the server."""
+        return 400 <= self.http_status < 500
+
+
+_REPLICA = CodeProperties(fails_over=True, transient=True, http_status=503)
+_MOVING = CodeProperties(fails_over=True, waits=True, transient=True, http_status=503)
+#: Every code the API answers with, and its properties (a code missing here is a bug: see ``properties``).
+CODES: Mapping[str, CodeProperties] = MappingProxyType(
+    {
+        STORE_NOT_READY: _MOVING,
+        STORE_MIGRATED: _MOVING,
+        NODE_UNAVAILABLE: _REPLICA,
+        STALE_BEYOND_BOUND: _REPLICA,
+        STORE_NOT_AVAILABLE: CodeProperties(transient=True, http_status=503),
+        UNKNOWN_STORE: CodeProperties(http_status=404),
+        NOT_FOUND: CodeProperties(http_status=404),
+        INVALID_KEY: CodeProperties(http_status=400),
+        INVALID_CURSOR: CodeProperties(http_status=400),
+        INVALID_ARGUMENT: CodeProperties(http_status=400),
+        BAD_REQUEST: CodeProperties(http_status=400),
+        LIMIT_EXCEEDED: CodeProperties(http_status=400),
+        GRAPHQL_PARSE_FAILED: CodeProperties(http_status=400),
+        GRAPHQL_VALIDATION_FAILED: CodeProperties(http_status=400),
+        UNAUTHENTICATED: CodeProperties(http_status=401),
+        FORBIDDEN: CodeProperties(http_status=403),
+        PARTITIONER_MISMATCH: CodeProperties(http_status=409),
+        TIMEOUT: CodeProperties(http_status=504),
+        VALUE_FORMAT_ERROR: CodeProperties(http_status=500),
+        PARTIAL_RESULT: CodeProperties(http_status=200),  # beside data, never in place of it
+        INTERNAL: CodeProperties(http_status=500),
+    }
+)
+
+
+def properties(code: str) -> CodeProperties:
+    """Return the properties of code (an unknown code: an internal error's)."""
+    return CODES.get(code, CODES[INTERNAL])
+
+
+def fails_over(error: BaseException) -> bool:
+    """Return whether error is a coded error after which another replica is tried."""
+    return isinstance(error, ApiError) and properties(error.code).fails_over
 
 _CODES: tuple[tuple[type[StoreError], str], ...] = (
     (StoreMigratedError, STORE_MIGRATED),

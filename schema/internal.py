@@ -1,7 +1,7 @@
 """Internal root fields that peers call with a forwarded sub-request: states in compact JSON.
 
 A node that routes reads to a peer sends ONE GraphQL request per peer to the peer's internal endpoint
-(its own schema, ``builder.build_internal_schema``, behind ``app.peer_auth``'s signature check), asking
+(its own schema, ``builder.build_internal_schema``, behind ``app.security.peer_auth``'s signature check), asking
 for ``_lookup`` / ``_scan`` / ``_count`` over partitions its routing chose. The peer answers from its own
 partitions only (never forwards again) with mergeable states, positions and lags, encoded as
 ``schema.wire`` describes — no per-field resolution — so that the caller combines several nodes' answers
@@ -31,7 +31,7 @@ from iqgraph.schema.types import PeerQueries, Scan
 
 #: The internal root fields (``_call``, an owner-side field's sub-request, is schema.owner_fields').
 INTERNAL_FIELDS = ("_lookup", "_scan", "_count", "_call")
-#: The scans peers send (``app.cluster_queries``), and the arguments each takes.
+#: The scans peers send (``app.query.store_queries``), and the arguments each takes.
 SCAN_ARGUMENTS = {
     "range": {"from_key", "to_key"},
     "prefix": {"prefix"},

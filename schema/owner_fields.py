@@ -8,7 +8,7 @@ makes::
     type FavouriteGenre { genre: String  plays: Long }                  # the declared type (schema.value_types)
 
 The owner sends a value as JSON that the declared type's converter (``schema.value_types``) reads, checked
-by that converter on the owner before it is sent (``app.owner_fields``): bytes travel as base64 text, so
+by that converter on the owner before it is sent (``app.owner.runner``): bytes travel as base64 text, so
 the converter of an owner-side field reads a ``binary`` as the base64 string it already is
 (``wire_type``) — the GraphQL type (String, base64) is a store's binary's.
 
@@ -51,7 +51,7 @@ def wire_type(data_type: DataType) -> DataType:
     """Return data_type as an owner-side field's value travels: each binary a string of base64 text.
 
     A store keeps bytes as their UTF-8 text, which the schema's binary converter base64-encodes; a function's
-    bytes need not be UTF-8, so the owner base64-encodes them (``app.owner_fields.as_json``) and the
+    bytes need not be UTF-8, so the owner base64-encodes them (``app.owner.runner.as_json``) and the
     converters read that text as a string: no bytes are decoded, none encoded twice.
     """
     if isinstance(data_type, BinaryType):
@@ -68,7 +68,7 @@ def wire_type(data_type: DataType) -> DataType:
 def value_converter(name: str, data_type: DataType) -> Callable[[Any], Any]:
     """Return the converter the schema reads an owner-side field's wire values with (None stays None).
 
-    The owner checks a function's value with it before sending it (``app.owner_fields``): a value the
+    The owner checks a function's value with it before sending it (``app.owner.runner``): a value the
     schema could not read is the owner's INTERNAL error for that key, never the caller's format error.
     """
     return ValueTypes(TypeNames(set())).of(wire_type(data_type), pascal_case(name)).nullable()[1]

@@ -6,7 +6,7 @@ routing decides, the peer only checks it hosts them), ``_scan`` (one page per pa
 its position) and ``_count``. Answers are compact JSON: mergeable *states*, not values, so that the
 caller combines several nodes' answers before finalizing; every answer carries, per partition read,
 its position (the applied offset, read before the data) and its lag. Both sides of the wire use this
-module: the peer client (``app.peers``) and the internal fields.
+module: the peer client (``app.cluster.peers``) and the internal fields.
 
     lookup reads   [[key, time_from, time_to, [partition, …]], …]
     answer         {"results": [state | {"error": {message, extensions}}, …],
@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from iqgraph.schema.errors import INTERNAL, ApiError, api_error
 from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, PipelineInfo, Read
 from iqgraph.stores import IndexEntry, Page, WindowedValue
+from iqgraph.streaming.owner_fields import OWNER_FIELD_MAX_TIMEOUT_S, PEER_ROUND_TRIP_S
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ NODE = (
 
 #: Most lookups one forwarded request carries (each is an aliased field: the alias limit is 100).
 MAX_LOOKUPS = 50
+#: How long a node waits for a peer's answer (read, write, pool), in seconds: an owner-side field's longest
+#: run and a round trip.
+PEER_TIMEOUT_S = OWNER_FIELD_MAX_TIMEOUT_S + PEER_ROUND_TRIP_S
 
 
 def lookups(count: int) -> str:

@@ -12,11 +12,11 @@
 makes the root fields ``favouriteGenre(key, maxLag)`` and ``favouriteGenreMany(keys, maxLag)``. ``store``
 names the store whose keys the field takes: a key is routed as a lookup of that store would be, and the
 function runs on the node serving the key's partition, with read-only views of the stores there
-(``app.owner_views``). ``returns`` is a Spark DDL type string (``"double"``, ``"struct<…>"``: see
+(``app.owner.views``). ``returns`` is a Spark DDL type string (``"double"``, ``"struct<…>"``: see
 ``streaming.ddl``) or a pyspark DataType; without it, the function's Python return annotation (``str``,
 ``int`` → bigint, ``float`` → double, ``bool``, ``bytes``, ``datetime``, ``date``, ``Decimal``,
 ``list[T]``, ``dict[str, T]``, ``T | None``). ``timeout_s`` bounds one key's run, and its wait for a free
-worker (TIMEOUT after it); at most ``app.peers.OWNER_FIELD_MAX_TIMEOUT_S`` (4 s), so that a peer answers
+worker (TIMEOUT after it); at most ``app.cluster.peers.OWNER_FIELD_MAX_TIMEOUT_S`` (4 s), so that a peer answers
 TIMEOUT well within the peer client's timeout (5 s) rather than look down.
 
 "Read-only" is a promise of the API, not a sandbox: the views have read methods only and keep no
@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 #: The function: (key, read-only views of the owner's stores) -> a value of the declared type.
 OwnerFunction = Callable[[Any, Any], Any]
 DEFAULT_TIMEOUT_S = 2.0
+#: The longest timeout_s an owner-side field may have. A peer's answer must reach its caller within the peers'
+#: timeout (``schema.wire.PEER_TIMEOUT_S``: this + PEER_ROUND_TRIP_S), else the caller sees the peer as down.
+OWNER_FIELD_MAX_TIMEOUT_S = 4.0
+PEER_ROUND_TRIP_S = 1.0
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _PYTHON_TYPES = {
     str: "string",
@@ -85,12 +89,11 @@ class OwnerField:
             raise DefinitionError(f"owner-side field name {self.name!r}: use a letter then letters, digits or '_'")
         _check_function(self.name, self.function)
         object.__setattr__(self, "value_type", _value_type(self.name, self.returns, self.function))
-        from iqgraph.app.peers import OWNER_FIELD_MAX_TIMEOUT_S, PEER_TIMEOUT_S  # the peers' limit
-
         if not 0 < self.timeout_s <= OWNER_FIELD_MAX_TIMEOUT_S:
             raise DefinitionError(
                 f"owner-side field {self.name!r}: timeout_s must be > 0 and <= {OWNER_FIELD_MAX_TIMEOUT_S:g} seconds "
-                f"(a peer's answer must beat the peer timeout of {PEER_TIMEOUT_S:g} s), not {self.timeout_s}"
+                f"(a peer's answer must beat the peer timeout of {OWNER_FIELD_MAX_TIMEOUT_S + PEER_ROUND_TRIP_S:g} s), "
+                f"not {self.timeout_s}"
             )
 
     def __call__(self, key: Any, views: Any) -> Any:

@@ -7,9 +7,11 @@ from typing import Any
 
 from pyspark.sql.types import DataType
 
-from iqgraph.app.cluster_queries import ClusterStoreQueries, RetryPolicy
-from iqgraph.app.local_partitions import LocalPartitions
-from iqgraph.app.membership import Member, StaticMembership
+from iqgraph.app.cluster.membership import Member, StaticMembership
+from iqgraph.app.owner.calls import call_many
+from iqgraph.app.owner.runner import OwnerFieldRunner
+from iqgraph.app.query.partitions import LocalPartitions
+from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
 from iqgraph.stores import PartitionStores
 from iqgraph.streaming.definitions import App
 
@@ -25,7 +27,15 @@ def single_node(
 
     The tests place keys with murmur2 (apps.shop_partition), as a Java producer would: routing is told so.
     """
-    local = LocalPartitions(app, hosted)
+    local = LocalPartitions(app, hosted, owner=OwnerFieldRunner)
     member = Member(local.node_id, local.url)
     membership = StaticMembership(member.id, [member], {t.name: t.partitions for t in app.topics})
-    return cls(app, types, local, membership, retry=RetryPolicy(deadline_ms), partitioner=lambda topic: "murmur2")
+    return cls(
+        app,
+        types,
+        local,
+        membership,
+        retry=RetryPolicy(deadline_ms),
+        partitioner=lambda topic: "murmur2",
+        owner_calls=call_many,
+    )

@@ -25,7 +25,7 @@ def test_only_iqgraph_is_importable_outside_the_source_tree(tmp_path: Path) -> N
 
 def test_production_code_does_not_import_the_examples() -> None:
     for folder in PRODUCTION:
-        for path in (ROOT / folder).glob("*.py"):
+        for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
                 if isinstance(node, ast.ImportFrom):

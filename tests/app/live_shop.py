@@ -13,8 +13,8 @@ from typing import Any
 from pyspark.sql.types import BooleanType, DataType, LongType
 from strawberry.types import ExecutionResult
 
-from iqgraph.app.live import Live
-from iqgraph.app.local_partitions import entity_infos, store_info
+from iqgraph.app.live.watch import Live
+from iqgraph.app.query.partitions import entity_infos, store_info
 from iqgraph.schema import Limits, build_schema
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.context import Context, request_context

@@ -33,8 +33,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Message
 from starlette.websockets import WebSocket
 
-from iqgraph.app.auth import Authenticator, Unauthenticated
-from iqgraph.app.auth_gate import AuthGate
+from iqgraph.app.security.auth import Authenticator, Unauthenticated
+from iqgraph.app.security.gate import AuthGate
 from iqgraph.app.settings import Settings, SettingsError
 from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY, Principal, principal_of
 
@@ -276,7 +276,7 @@ async def test_the_scope_claim_and_the_leeway_are_settings() -> None:
 
 async def test_a_refusal_is_logged_with_its_reason_and_client_never_the_token(caplog: pytest.LogCaptureFixture) -> None:
     token = HS.token(exp=int(time.time()) - 600)
-    caplog.set_level(logging.INFO, logger="iqgraph.app.auth")
+    caplog.set_level(logging.INFO, logger="iqgraph.app.security.auth")
     with pytest.raises(Unauthenticated):
         await authenticator(jwt_settings()).authenticate(bearer(token), client="10.0.0.7:50123")
     [record] = caplog.records

@@ -18,7 +18,7 @@ import jwt
 import orjson
 import pytest
 
-from iqgraph.app.peer_auth import INTERNAL_PATH, PeerSigner
+from iqgraph.app.security.peer_auth import INTERNAL_PATH, PeerSigner
 from iqgraph.examples.shop import build_app
 from iqgraph.schema import wire
 from iqgraph.schema.access import Principal

@@ -23,7 +23,7 @@ import httpx
 import orjson
 import pytest
 
-from iqgraph.app.example_query import INTROSPECTION, example_subscription, schema_from_introspection
+from iqgraph.app.dev.example_query import INTROSPECTION, example_subscription, schema_from_introspection
 from iqgraph.examples.shop import ITEMS, _iso, build_app
 from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
 from iqgraph.streaming.definitions import DefinitionError

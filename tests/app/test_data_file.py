@@ -3,7 +3,7 @@ to fix — never an exception."""
 
 from __future__ import annotations
 
-from iqgraph.app.data_file import BadLine, FileRecord, read_records
+from iqgraph.app.dev.data_file import BadLine, FileRecord, read_records
 from iqgraph.examples.shop import build_app
 from iqgraph.streaming.definitions import App, Topic, key_value_store, latest
 

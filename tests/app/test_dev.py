@@ -336,7 +336,7 @@ def test_dev_refuses_an_earlier_runs_state_dir_and_a_zero_rate(tmp_path: Path) -
 
 
 def test_create_topics_makes_inputs_and_the_dead_letter_topic_once(broker: EmbeddedBroker) -> None:
-    from iqgraph.app.topics import create_topics
+    from iqgraph.app.dev.topics import create_topics
     from iqgraph.examples.shop import build_app
     from iqgraph.streaming.definitions import KafkaSettings
 
@@ -389,7 +389,7 @@ def test_a_stop_signal_ends_dev_waits_even_if_its_keyboard_interrupt_was_lost(tm
     # Python runs a signal handler wherever the main thread is; inside a finalizer its KeyboardInterrupt is
     # swallowed ("Exception ignored in …"). Seen once in CI: a SIGHUP during start-up left dev serving. The
     # handler also sets run.interrupted, which every wait checks at its next turn.
-    from iqgraph.app.dev import DevOptions, DevRun
+    from iqgraph.app.dev.run import DevOptions, DevRun
     from iqgraph.examples.shop import build_app
 
     run = DevRun(build_app("orders", 2), DevOptions(app="x:app"), tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from iqgraph.app.membership import (
+from iqgraph.app.cluster.membership import (
     ClusterMap,
     Member,
     PartitionOwners,

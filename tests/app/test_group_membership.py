@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from iqgraph.app.group_membership import (
+from iqgraph.app.cluster.group_membership import (
     GroupMembership,
     GroupMembershipError,
     MemberRecord,
@@ -23,8 +23,8 @@ from iqgraph.app.group_membership import (
     build_map,
     metadata_topic_for,
 )
-from iqgraph.app.membership import ClusterMap, Member, PartitionOwners
-from iqgraph.app.routing import ReplicaState
+from iqgraph.app.cluster.membership import ClusterMap, Member, PartitionOwners
+from iqgraph.app.cluster.replicas import ReplicaState
 from iqgraph.streaming.broker import EmbeddedBroker
 from tests.conftest import MakeTopic
 
@@ -180,7 +180,7 @@ def test_a_crashed_member_expires_from_the_map(join: Join, topic: str, broker: E
 
 CRASHING_MEMBER = """
 import sys, time
-from iqgraph.app.group_membership import GroupMembership
+from iqgraph.app.cluster.group_membership import GroupMembership
 bootstrap, app, topic = sys.argv[1:4]
 GroupMembership("z", "http://z.test:8000", app, {topic: 6}, bootstrap, session_timeout_ms=2000,
                 heartbeat_s=0.5, liveness_s=3.0).start()

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from iqgraph.app import live as live_module
+from iqgraph.app.live import watch as live_module
 from iqgraph.streaming.change_feed import ChangeFeed
 from tests.app.live_shop import WATCH, Events, LiveShop, open_live_shop, where
 

@@ -1,4 +1,4 @@
-"""Review of issue 13 part 3 (helper-R): defects of the relay path of ``app.live``, each a failing test.
+"""Review of issue 13 part 3 (helper-R): defects of the relay path of ``app.live.watch``, each a failing test.
 
 No Spark, no HTTP: node B's ``Live`` follows every partition on a peer "node-a" through its ``Relays``; the
 upstream is either a controllable fake (``Upstreams``: the rows a test pushes) or node A's real
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from iqgraph.app import routing
-from iqgraph.app.live import Live
-from iqgraph.app.live_follow import Interest, Rows
-from iqgraph.app.live_relay import Relays
+from iqgraph.app.live.follow import Interest, Rows
+from iqgraph.app.live.relay import Relays
+from iqgraph.app.live.watch import Live
+from iqgraph.app.query import routing
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.types import LiveChange
 from iqgraph.streaming.change_feed import ChangeFeed
@@ -272,7 +272,7 @@ async def test_one_subscribers_many_keys_do_not_end_the_others_watches(
     past what a peer accepts (live_stream.MAX_FOLLOW_KEYS) the owner refused it with LIMIT_EXCEEDED, fatal for every
     member: a subscriber following 2 keys was ended because another (with auth off: anyone) asked for more. Shown
     with MAX_FOLLOW_KEYS = 3: the relays now open another upstream past it (100,000 in production)."""
-    from iqgraph.app import live_stream
+    from iqgraph.app.live import stream as live_stream
 
     monkeypatch.setattr(live_stream, "MAX_FOLLOW_KEYS", 3)  # the relays of served_by's Live are made after this
     live = served_by(owner)

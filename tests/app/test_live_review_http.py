@@ -21,10 +21,10 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from iqgraph.app.live import Live
-from iqgraph.app.live_stream import CHANGES_PATH, StreamEndpoint, changes_events
-from iqgraph.app.peer_auth import INTERNAL_PATH, PeerGate, PeerVerifier
-from iqgraph.app.peers import PeerClient
+from iqgraph.app.cluster.peers import PeerClient
+from iqgraph.app.live.stream import CHANGES_PATH, StreamEndpoint, changes_events
+from iqgraph.app.live.watch import Live
+from iqgraph.app.security.peer_auth import INTERNAL_PATH, PeerGate, PeerVerifier
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.streaming.broker import free_port
 from iqgraph.streaming.change_feed import ChangeFeed

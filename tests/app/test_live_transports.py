@@ -1,4 +1,4 @@
-"""Subscriptions over the node's HTTP stack on a real uvicorn (``app.server.build_asgi``: RequestGuard, AuthGate,
+"""Subscriptions over the node's HTTP stack on a real uvicorn (``app.http.server.build_asgi``: RequestGuard, AuthGate,
 the websocket route): GraphQL over SSE and graphql-transport-ws, with API-key authentication (headers, or a
 websocket's connection_init payload), FORBIDDEN, the per-connection limit, and a stream outliving the request
 deadline and ending when its client goes away."""
@@ -19,10 +19,10 @@ import uvicorn
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from iqgraph.app.auth import Authenticator
-from iqgraph.app.auth_gate import init_authenticator
+from iqgraph.app.http.server import build_asgi
 from iqgraph.app.node import Node
-from iqgraph.app.server import build_asgi
+from iqgraph.app.security.auth import Authenticator
+from iqgraph.app.security.gate import init_authenticator
 from iqgraph.app.settings import Settings
 from iqgraph.schema import GraphQLApp
 from iqgraph.streaming.broker import free_port

@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from iqgraph.app.membership import Member
+from iqgraph.app.cluster.membership import Member
 from iqgraph.app.metrics import UNKNOWN_PEER, NodeMetrics, tracing_extensions
-from iqgraph.app.peer_auth import INTERNAL_PATH
+from iqgraph.app.security.peer_auth import INTERNAL_PATH
 from iqgraph.examples.shop import build_app
 from iqgraph.schema.types import NodeInfo, PartitionInfo
 from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce

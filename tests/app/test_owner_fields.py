@@ -35,8 +35,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from iqgraph.app.local_partitions import LocalPartitions
-from iqgraph.app.owner_fields import OwnerFieldRunner, as_json
+from iqgraph.app.owner.runner import OwnerFieldRunner, as_json
+from iqgraph.app.query.partitions import LocalPartitions
 from iqgraph.schema.errors import ApiError
 from iqgraph.schema.wire import Owned
 from iqgraph.streaming.definitions import App, key_value_store, sum_
@@ -88,7 +88,7 @@ def local(tmp_path: Path) -> Iterator[LocalPartitions]:
     app = _app()
     hosted: Hosted = open_hosted(tmp_path, app, "orders", "customers", "products")
     fill_market(hosted, market_orders())
-    yield LocalPartitions(app, hosted)
+    yield LocalPartitions(app, hosted, owner=OwnerFieldRunner)
     close_hosted(hosted)
 
 
@@ -186,7 +186,7 @@ async def test_past_the_stuck_threads_cap_calls_answer_timeout_at_once_and_log(
             await runner.call("stuck", [_call(key)])
         assert runner.stuck_threads == 2
         started = time.monotonic()
-        with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner_fields"):
+        with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner.runner"):
             refused = await runner.call("fast", [_call("customer-03")])
         assert time.monotonic() - started < 0.4  # at once, not after its timeout_s
         [owned] = refused.value
@@ -204,7 +204,7 @@ async def test_past_the_stuck_threads_cap_calls_answer_timeout_at_once_and_log(
 async def test_a_batch_answers_within_the_nodes_limit_whatever_its_keys(
     local: LocalPartitions, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import iqgraph.app.owner_fields as owner_fields
+    import iqgraph.app.owner.runner as owner_fields
 
     monkeypatch.setattr(owner_fields, "OWNER_FIELD_MAX_TIMEOUT_S", 0.5)  # (4 s: the peer timeout less a second)
 
@@ -232,8 +232,8 @@ def test_a_stuck_function_does_not_hold_the_process_at_exit(tmp_path: Path) -> N
         f"""
         import asyncio, dataclasses, threading
         from pathlib import Path
-        from iqgraph.app.local_partitions import LocalPartitions
-        from iqgraph.app.owner_fields import OwnerFieldRunner
+        from iqgraph.app.query.partitions import LocalPartitions
+        from iqgraph.app.owner.runner import OwnerFieldRunner
         from iqgraph.streaming.owner_fields import OwnerField
         from iqgraph.streaming.partitioner import partition_for
         from tests.schema.apps import PARTITIONS, fill_market, market_app, market_orders
@@ -291,7 +291,9 @@ async def test_a_window_view_reads_a_user_aggregation(tmp_path: Path) -> None:
     batch.stream_time["latency"] = 60_000
     StoreSink(app, app.topic("t"), {0: stores}).apply({0: batch})
     try:
-        answer = await LocalPartitions(app, {"t": {0: stores}}).call("slow_requests", [("h1", (0,))])
+        answer = await LocalPartitions(app, {"t": {0: stores}}, owner=OwnerFieldRunner).call(
+            "slow_requests", [("h1", (0,))]
+        )
     finally:
         stores.close()
     assert answer.value == [Owned(True, 1)]
@@ -300,7 +302,7 @@ async def test_a_window_view_reads_a_user_aggregation(tmp_path: Path) -> None:
 async def test_a_view_of_a_store_keyed_by_a_column_is_refused(
     local: LocalPartitions, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner_fields"):
+    with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner.runner"):
         answer = await local.call("by_item", [_call("customer-01")])
     [error] = answer.value
     assert isinstance(error, Owned) and isinstance(error.value, ApiError) and error.value.code == "INTERNAL"
@@ -313,7 +315,7 @@ async def test_a_partition_not_hosted_fails_its_keys_for_another_replica(local: 
     key = "customer-01"
     elsewhere = (partition_for(key, PARTITIONS, "string", "murmur2") + 1) % PARTITIONS
     hosted = {t: {p: s for p, s in ps.items() if p != elsewhere} for t, ps in local.partitions.items()}
-    partial = LocalPartitions(local.app, hosted)
+    partial = LocalPartitions(local.app, hosted, owner=OwnerFieldRunner)
     answer = await partial.call("stuck", [(key, (elsewhere,))])
     [error] = answer.value
     assert type(error).__name__ == "StoreMigratedError"
@@ -333,7 +335,7 @@ class _Router:
         self.internal: dict[str, Any] = {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from iqgraph.app.peer_auth import INTERNAL_PATH
+        from iqgraph.app.security.peer_auth import INTERNAL_PATH
 
         host = dict(scope["headers"]).get(b"host", b"").decode()
         apps = self.internal if scope["path"] == INTERNAL_PATH else self.apps
@@ -341,12 +343,13 @@ class _Router:
 
 
 def _cluster(app: App, hosted: Hosted, partitioner: str, n: int = 3) -> tuple[list[Any], _Router]:
-    from iqgraph.app.cluster_queries import ClusterStoreQueries, RetryPolicy
-    from iqgraph.app.local_partitions import entity_infos
-    from iqgraph.app.membership import Member, StaticMembership
-    from iqgraph.app.owner_fields import owner_field_infos
-    from iqgraph.app.peer_auth import PeerGate, PeerVerifier
-    from iqgraph.app.peers import PeerClient
+    from iqgraph.app.cluster.membership import Member, StaticMembership
+    from iqgraph.app.cluster.peers import PeerClient
+    from iqgraph.app.owner.calls import call_many
+    from iqgraph.app.owner.runner import owner_field_infos
+    from iqgraph.app.query.partitions import entity_infos
+    from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
+    from iqgraph.app.security.peer_auth import PeerGate, PeerVerifier
     from iqgraph.schema import GraphQLApp, Limits, build_schema
     from iqgraph.schema.builder import build_internal_schema
 
@@ -364,7 +367,7 @@ def _cluster(app: App, hosted: Hosted, partitioner: str, n: int = 3) -> tuple[li
         mine = {
             t: {p: s for p, s in ps.items() if cmap.owners_of(t, p).active == member.id} for t, ps in hosted.items()
         }
-        local = LocalPartitions(app, mine, node_id=member.id, url=member.url)
+        local = LocalPartitions(app, mine, node_id=member.id, url=member.url, owner=OwnerFieldRunner)
         queries = ClusterStoreQueries(
             app,
             {**MARKET_TYPES, "spend_per_item": DoubleType()},
@@ -373,6 +376,7 @@ def _cluster(app: App, hosted: Hosted, partitioner: str, n: int = 3) -> tuple[li
             PeerClient(member.id, secret=SECRET),
             retry=RetryPolicy(50),
             partitioner=lambda t: partitioner,
+            owner_calls=call_many,
         )
         schema = build_schema(
             queries.stores(), Limits(), entities=entity_infos(app), owner_fields=owner_field_infos(app)

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from iqgraph.app.peer_auth import (
+from iqgraph.app.security.peer_auth import (
     INTERNAL_PATH,
     PEER_SCOPE_KEY,
     NonceCache,

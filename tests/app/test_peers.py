@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from iqgraph.app.peer_auth import INTERNAL_PATH, PeerVerifier
-from iqgraph.app.peers import PeerClient, PeerError, PeerUnavailableError
+from iqgraph.app.cluster.peers import PeerClient, PeerError, PeerUnavailableError
+from iqgraph.app.security.peer_auth import INTERNAL_PATH, PeerVerifier
 from iqgraph.schema import wire
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.types import Answer

@@ -17,7 +17,7 @@ import orjson
 import pytest
 import uvicorn
 
-from iqgraph.app.request_guard import WATCH_AFTER_S, RequestGuard
+from iqgraph.app.http.request_guard import WATCH_AFTER_S, RequestGuard
 from iqgraph.schema import Limits
 from iqgraph.streaming.broker import free_port
 
@@ -174,7 +174,7 @@ async def test_a_client_gone_before_the_answer_cancels_the_work_and_nothing_is_s
     app, cycle = Recorder(delay=5, swallow=True), Cycle([b"{}"])
     guarded = asyncio.ensure_future(RequestGuard(app, Limits())(cycle.scope, cycle.receive, cycle.send))
     await asyncio.sleep(WATCH_AFTER_S + 0.1)
-    with caplog.at_level(logging.INFO, logger="iqgraph.app.request_guard"):
+    with caplog.at_level(logging.INFO, logger="iqgraph.app.http.request_guard"):
         cycle.disconnect()
         await asyncio.wait_for(guarded, 1)
     assert app.cancelled and cycle.sent == []

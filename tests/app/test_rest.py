@@ -10,7 +10,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from iqgraph.app.rest import rest_routes
+from iqgraph.app.http.rest import rest_routes
 from iqgraph.stores import PartitionState
 from tests.queries import single_node
 from tests.schema.apps import SHOP_TOPIC, SHOP_TYPES, ShopTruth, fill_shop, make_orders, shop_app, shop_partition

@@ -6,17 +6,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from iqgraph.app.membership import ClusterMap, Member, PartitionOwners
-from iqgraph.app.routing import (
-    DOWN,
-    NOT_KNOWN,
-    Refusal,
-    ReplicaState,
-    Server,
-    choose,
-    keys_partitions,
-    plan,
-)
+from iqgraph.app.cluster.membership import ClusterMap, Member, PartitionOwners
+from iqgraph.app.cluster.replicas import DOWN, NOT_KNOWN, ReplicaState
+from iqgraph.app.query.routing import Refusal, Server, choose, keys_partitions, plan
 from iqgraph.schema.errors import ApiError
 from iqgraph.stores import InvalidKeyError
 from iqgraph.streaming.partitioner import crc32_partition, murmur2_partition

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from graphql import GraphQLSchema, build_schema, parse, validate
 
-from iqgraph.app.example_query import example_query, sample_keys
+from iqgraph.app.dev.example_query import example_query, sample_keys
 from iqgraph.examples import music as music_example
 from iqgraph.examples import shop
 from iqgraph.examples import weblog as weblog_example

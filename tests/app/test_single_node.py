@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StructType
 
-from iqgraph.app.cluster_queries import ClusterStoreQueries
+from iqgraph.app.query.store_queries import ClusterStoreQueries
 from iqgraph.examples.shop import build_app
 from iqgraph.schema.errors import ApiError
 from iqgraph.schema.reports import Reports

@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives import serialization
 from prometheus_client.parser import text_string_to_metric_families
 from ruamel.yaml import YAML
 
+from iqgraph.app.security.tls import peer_verify, server_options
 from iqgraph.app.settings import ENV_PREFIX, Settings, SettingsError
-from iqgraph.app.tls import peer_verify, server_options
 from iqgraph.examples.shop import build_app
 from iqgraph.streaming.broker import EmbeddedBroker, free_port
 from iqgraph.streaming.partitioner import partition_for

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from iqgraph.app.topic_watch import TopicWatch
+from iqgraph.app.cluster.topic_watch import TopicWatch
 from iqgraph.stores import PartitionStores, StateDirectory, StoreKind, StoreSpec
 from iqgraph.streaming.partitioner import EVIDENCE_COUNTERS
 

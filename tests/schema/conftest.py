@@ -19,9 +19,9 @@ from pyspark.sql.types import DataType
 from strawberry.http import process_result
 from strawberry.types import ExecutionResult
 
-from iqgraph.app.cluster_queries import ClusterStoreQueries
-from iqgraph.app.local_partitions import entity_infos
-from iqgraph.app.owner_fields import owner_field_infos
+from iqgraph.app.owner.runner import owner_field_infos
+from iqgraph.app.query.partitions import entity_infos
+from iqgraph.app.query.store_queries import ClusterStoreQueries
 from iqgraph.schema import EntityInfo, GraphQLApp, Limits, StoreInfo, build_schema, context_getter
 from iqgraph.stores import Key, PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.definitions import App

@@ -15,7 +15,7 @@ from graphql import build_schema as build_sdl
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from iqgraph.app.example_query import example_query
+from iqgraph.app.dev.example_query import example_query
 from iqgraph.schema import build_schema
 from tests.readme_blocks import readme_queries
 from tests.schema.apps import ShopTruth, shop_app

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
-from iqgraph.app.local_partitions import entity_infos
+from iqgraph.app.query.partitions import entity_infos
 from iqgraph.schema import EntityInfo, Limits, RelationInfo, SchemaDefinitionError, StoreInfo, build_schema
 from iqgraph.stores import Key
 from tests.queries import single_node
@@ -457,9 +457,9 @@ def test_no_entities_leave_the_schema_as_it_was() -> None:
 async def test_without_reading_ahead_fields_still_read_once_per_store(
     market: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import iqgraph.schema.batches
+    import iqgraph.schema.entities.batches
 
-    monkeypatch.setattr(iqgraph.schema.batches, "subfields", lambda info, through=(): [])  # no selection hint
+    monkeypatch.setattr(iqgraph.schema.entities.batches, "subfields", lambda info, through=(): [])  # no selection hint
     keys = TRUTH.customer_keys()
     data = await market.data(f"query($k: [String!]!) {{ customerList(keys: $k) {{ {CUSTOMER} }} }}", {"k": keys})
     assert data["customerList"] == [TRUTH.customer(k) for k in keys]

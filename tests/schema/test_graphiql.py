@@ -41,8 +41,8 @@ CDN_CONTROL = """<!doctype html><html><body><p id="result">pending</p>
 
 def served_app(hosted: Hosted) -> Any:
     """Return production's ASGI app (build_asgi, of a node that is not started) plus a CDN control page."""
+    from iqgraph.app.http.server import build_asgi
     from iqgraph.app.node import Node
-    from iqgraph.app.server import build_asgi
     from iqgraph.app.settings import Settings
 
     api = api_factory(shop_app(), SHOP_TYPES, hosted)()

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from iqgraph.app.request_guard import RequestGuard
+from iqgraph.app.http.request_guard import RequestGuard
 from iqgraph.schema import GraphQLApp, Limits
 from iqgraph.schema.limits import CACHED_CHARS, CACHED_DOCUMENT_CHARS, DocumentCache
 from tests.schema.conftest import Api, DifferentialASGI, MakeApi

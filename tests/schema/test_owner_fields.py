@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from strawberry.types import ExecutionResult
 
-from iqgraph.app.local_partitions import entity_infos
-from iqgraph.app.owner_fields import owner_field_infos
+from iqgraph.app.owner.runner import owner_field_infos
+from iqgraph.app.query.partitions import entity_infos
 from iqgraph.schema import Limits, build_schema, context_getter
 from iqgraph.schema.errors import SchemaDefinitionError
 from iqgraph.schema.types import OwnerFieldInfo
@@ -183,7 +183,7 @@ async def test_a_failing_function_is_internal_for_that_key_only(
     api: OwnerApi, caplog: pytest.LogCaptureFixture
 ) -> None:
     keys = ["customer-01", "customer-03", "customer-05"]
-    with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner_fields"):
+    with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner.runner"):
         result = await api.run("query($k: [String!]!) { fragileMany(keys: $k) }", {"k": keys})
     assert result.data is not None
     counts = _truth()
@@ -231,7 +231,7 @@ async def test_views_are_read_only(api: OwnerApi) -> None:
     assert result.errors is not None and result.errors[0].formatted["extensions"]["code"] == "INTERNAL"
     assert (await api.run('{ orderCount { get(key: "customer-01") } }')).data == before
     views = api.queries.local.owner_fields  # what a function gets: read methods only
-    from iqgraph.app.owner_views import BloomView, KeyValueView, WindowView
+    from iqgraph.app.owner.views import BloomView, KeyValueView, WindowView
 
     for cls in (KeyValueView, WindowView, BloomView):
         public = {n for n in dir(cls) if not n.startswith("_")}
@@ -269,8 +269,8 @@ def _reachable(root: Any, depth: int = 6) -> list[tuple[str, Any]]:
 
 
 async def test_views_keep_no_store_where_a_plain_or_private_name_reaches_it(api: OwnerApi) -> None:
-    from iqgraph.app.local_partitions import LocalPartitions
-    from iqgraph.app.owner_views import StoreViews
+    from iqgraph.app.owner.views import StoreViews
+    from iqgraph.app.query.partitions import LocalPartitions
     from iqgraph.stores import PartitionStores
     from iqgraph.streaming.partitioner import partition_for
 
@@ -296,7 +296,7 @@ async def test_views_keep_no_store_where_a_plain_or_private_name_reaches_it(api:
 async def test_nan_infinities_and_values_of_another_type_are_internal_on_the_owner_and_logged(
     api: OwnerApi, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner_fields"):
+    with caplog.at_level(logging.ERROR, logger="iqgraph.app.owner.runner"):
         for field, selection in (("infinite", ""), ("mistyped", " { orders }")):
             query = f'{{ {field}Many(keys: ["customer-01", "customer-02"]){selection} }}'
             result = await api.run(query)
@@ -361,7 +361,7 @@ def test_without_owner_fields_the_schema_is_unchanged(api: OwnerApi) -> None:
 
 
 async def test_a_peer_answers_call_from_its_own_partitions_in_the_wire_format(api: OwnerApi) -> None:
-    from iqgraph.app.owner_fields import owner_field_infos
+    from iqgraph.app.owner.runner import owner_field_infos
     from iqgraph.schema import wire
     from iqgraph.schema.access import Principal
     from iqgraph.schema.builder import build_internal_schema

@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql.types import DoubleType, LongType
 from starlette.applications import Starlette
 
-from iqgraph.app.rest import rest_routes
+from iqgraph.app.http.rest import rest_routes
 from iqgraph.schema import wire
 from iqgraph.schema.types import Answer
 from iqgraph.stores import IndexEntry, Page, PartitionState

@@ -96,7 +96,7 @@ def test_avro_orders_plain_and_framed_equal_ground_truth_and_bad_avro_is_counted
 
 
 def test_producers_send_avro_to_an_avro_topic_and_a_misfit_line_is_a_bad_line(tmp_path: Path) -> None:
-    from iqgraph.app.data_file import BadLine, read_records
+    from iqgraph.app.dev.data_file import BadLine, read_records
     from iqgraph.streaming.avro import decode_avro, load_avro_schema
     from iqgraph.streaming.decode import serialize_value
 

@@ -176,7 +176,9 @@ def test_two_fields_may_not_share_a_name() -> None:
 
 
 def test_the_timeout_limit_leaves_the_peer_round_trip_room() -> None:
-    from iqgraph.app.peers import OWNER_FIELD_MAX_TIMEOUT_S, PEER_TIMEOUT_S, PeerClient
+    from iqgraph.app.cluster.peers import PeerClient
+    from iqgraph.schema.wire import PEER_TIMEOUT_S
+    from iqgraph.streaming.owner_fields import OWNER_FIELD_MAX_TIMEOUT_S
 
     assert OWNER_FIELD_MAX_TIMEOUT_S <= PEER_TIMEOUT_S - 1.0
     assert PeerClient("node-0").timeout.read == PEER_TIMEOUT_S

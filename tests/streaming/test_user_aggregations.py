@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from iqgraph import App, Topic, UserAggregation, aggregate, collect, key_value_store, tumbling, window_store
-from iqgraph.app.merging import combiner, finalize
+from iqgraph.app.query.merging import combiner, finalize
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.arrow_partials import StorePlan, partials_of
 from iqgraph.streaming.definitions import DefinitionError

@@ -1,0 +1,266 @@
+"""The peer client: forwarded sub-requests to other nodes' internal endpoints, over one httpx client.
+
+Each call is ONE GraphQL request to one peer (the documents and encodings are ``schema.wire``'s), except
+point reads: the lookups of every store sent to one peer for one caller within the same two turns of the
+event loop go out together as ONE request, each an aliased ``_lookup`` (``wire.lookups``): an entity of
+five stores, or one depth of relations, costs one sub-request per peer, not one per store. Each lookup
+gets its own answer, or its own error.
+
+Every sub-request goes to the peer's internal endpoint (``peer_auth.INTERNAL_PATH``; the peer answers from
+its own partitions only), signed with the cluster secret and carrying the caller (``peer_auth.PeerSigner``):
+the owner checks the caller may read each store. Explicit timeouts and connection limits; keep-alive
+connections are reused across requests. Counts what it sends per peer, and tells an optional PeerObserver
+(the node's metrics) of each request sent and each that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import ssl
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+import orjson
+
+from iqgraph.app.security.peer_auth import INTERNAL_PATH, PeerSigner
+from iqgraph.schema import wire
+from iqgraph.schema.access import Principal
+from iqgraph.schema.asgi import encode_json
+from iqgraph.schema.errors import NODE_UNAVAILABLE
+from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
+from iqgraph.schema.wire import PEER_TIMEOUT_S
+
+STREAM_CONNECTIONS = 512  # live streams to peers (app.live_relay bounds them: 256 upstreams, and change counts)
+
+
+class PeerError(Exception):
+    """A peer answered a forwarded sub-request with an error."""
+
+    def __init__(self, message: str, code: str, extensions: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.extensions = dict(extensions or {"code": code})
+
+
+class PeerUnavailableError(PeerError):
+    """The peer could not be reached, timed out or failed (5xx)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, NODE_UNAVAILABLE)
+
+
+class PeerObserver(Protocol):
+    """Hears what the peer client sends and what fails."""
+
+    def sent_to(self, url: str) -> None:
+        """A sub-request is being sent to the peer at url."""
+        ...
+
+    def failed(self, url: str, code: str) -> None:
+        """The peer at url failed a sub-request (NODE_UNAVAILABLE) or answered it with an error code."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """One store's point reads waiting to go to a peer with the others of the same turn."""
+
+    store: str
+    reads: list[list[Any]]
+    answer: asyncio.Future[Any]
+
+
+def _settle(answer: asyncio.Future[Any], value: Any = None, error: BaseException | None = None) -> None:
+    if answer.done():  # its request was cancelled meanwhile
+        return
+    if error is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(value)
+
+
+def _peer_error(url: str, error: Mapping[str, Any]) -> PeerError:
+    extensions = error.get("extensions") or {}
+    message = error.get("message", "no answer")
+    return PeerError(f"peer {url}: {message}", str(extensions.get("code", "INTERNAL")), extensions)
+
+
+class PeerClient:
+    """Send forwarded sub-requests to peers."""
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        timeout_s: float = PEER_TIMEOUT_S,
+        connect_timeout_s: float = 1.0,
+        max_connections: int = 64,
+        observer: PeerObserver | None = None,
+        verify: ssl.SSLContext | bool = True,
+        secret: str | bytes | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.signer = PeerSigner(node_id, secret or secrets.token_bytes(32))  # none: no peer would accept
+        self.verify = verify  # how peers' certificates are verified (app.tls.peer_verify)
+        self.observer = observer
+        self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.sent: Counter[str] = Counter()
+        self._clients: dict[int, httpx.AsyncClient] = {}
+        self._streams: dict[int, httpx.AsyncClient] = {}
+        self._pending: dict[tuple[int, str, Principal], list[_Lookup]] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = id(asyncio.get_running_loop())
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = httpx.AsyncClient(
+                timeout=self.timeout, limits=self.limits, verify=self.verify
+            )
+        return client
+
+    def stream_client(self) -> httpx.AsyncClient:
+        """Return this event loop's client of peers' event streams (``app.live.stream``): a pool of its own, so
+        long-lived streams never take the connections forwarded reads need."""
+        loop = id(asyncio.get_running_loop())
+        client = self._streams.get(loop)
+        if client is None:
+            limits = httpx.Limits(max_connections=STREAM_CONNECTIONS, max_keepalive_connections=8)
+            client = self._streams[loop] = httpx.AsyncClient(timeout=self.timeout, limits=limits, verify=self.verify)
+        return client
+
+    async def query(self, url: str, query: str, variables: Mapping[str, Any], caller: Principal) -> Any:
+        """Return the data of one forwarded GraphQL request; raise PeerError / PeerUnavailableError."""
+        body = await self._observed(url, query, variables, caller)
+        if body.get("errors"):
+            error = _peer_error(url, body["errors"][0])
+            if self.observer is not None:
+                self.observer.failed(url, error.code)
+            raise error
+        return body["data"]
+
+    async def _observed(self, url: str, query: str, variables: Mapping[str, Any], caller: Principal) -> dict[str, Any]:
+        self.sent[url] += 1
+        if self.observer is None:
+            return await self._send(url, query, variables, caller)
+        self.observer.sent_to(url)
+        try:
+            return await self._send(url, query, variables, caller)
+        except PeerError as exc:
+            self.observer.failed(url, exc.code)
+            raise
+
+    async def _send(self, url: str, query: str, variables: Mapping[str, Any], caller: Principal) -> dict[str, Any]:
+        content = encode_json({"query": query, "variables": variables})
+        headers = {"content-type": "application/json", **self.signer.headers(INTERNAL_PATH, content, caller)}
+        try:
+            response = await self._client().post(f"{url}{INTERNAL_PATH}", content=content, headers=headers)
+        except httpx.HTTPError as exc:
+            raise PeerUnavailableError(f"peer {url} is unreachable: {exc.__class__.__name__}") from exc
+        if response.status_code >= 500:
+            raise PeerUnavailableError(f"peer {url} failed with HTTP {response.status_code}")
+        try:
+            body = orjson.loads(response.content)
+        except ValueError as exc:
+            raise PeerUnavailableError(f"peer {url} answered something that is not JSON") from exc
+        if not isinstance(body, dict):
+            raise PeerUnavailableError(f"peer {url} answered JSON that is not a GraphQL response")
+        return body
+
+    async def lookup(
+        self, url: str, store: str, reads: Sequence[Read], windowed: bool, caller: Principal
+    ) -> Answer[list[Any]]:
+        """Return the peer's states of point reads of store (each read names its partitions).
+
+        Sent with the other lookups for the same peer made within two turns of the event loop, in one request.
+        """
+        loop = asyncio.get_running_loop()
+        key = (id(loop), url, caller)
+        batch = self._pending.get(key)
+        if batch is None:
+            batch = self._pending[key] = []
+            # two turns: every DataLoader batch of this step starts (each in a task of its own) before it leaves
+            loop.call_soon(loop.call_soon, self._flush, key)
+        found: asyncio.Future[Any] = loop.create_future()
+        batch.append(_Lookup(store, wire.encode_reads(reads), found))
+        return wire.decode_lookup(await found, windowed)
+
+    def _flush(self, key: tuple[int, str, Principal]) -> None:
+        batch = self._pending.pop(key, [])
+        _, url, caller = key
+        for start in range(0, len(batch), wire.MAX_LOOKUPS):
+            task = asyncio.ensure_future(self._send_lookups(url, caller, batch[start : start + wire.MAX_LOOKUPS]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send_lookups(self, url: str, caller: Principal, batch: list[_Lookup]) -> None:
+        try:
+            await self._answer_lookups(url, caller, batch)
+        except Exception as exc:  # every waiting lookup hears why (PeerUnavailableError, mostly)
+            for item in batch:
+                _settle(item.answer, error=exc)
+        finally:  # none hangs, whatever happened (a malformed answer, a cancellation)
+            for item in batch:
+                _settle(item.answer, error=PeerUnavailableError(f"peer {url} gave no answer for store {item.store}"))
+
+    async def _answer_lookups(self, url: str, caller: Principal, batch: list[_Lookup]) -> None:
+        variables, fields = wire.lookup_variables([(item.store, item.reads) for item in batch])
+        body = await self._observed(url, wire.lookups(len(batch)), variables, caller)
+        data, errors = body.get("data"), body.get("errors") or []
+        if not isinstance(data, dict | None) or not isinstance(errors, list):
+            raise PeerUnavailableError(f"peer {url} answered something that is not a GraphQL response")
+        by_field = {str((e.get("path") or ["?"])[0]): e for e in errors if isinstance(e, dict)}
+        failed = 0
+        for field, item in zip(fields, batch, strict=True):
+            answer = (data or {}).get(field)
+            if answer is not None:
+                _settle(item.answer, value=answer)
+            elif field in by_field:  # its own error: that store's, never another's
+                failed += 1
+                _settle(item.answer, error=_peer_error(url, by_field[field]))
+        if failed and self.observer is not None:
+            self.observer.failed(url, _peer_error(url, next(iter(by_field.values()))).code)
+
+    async def scan(
+        self,
+        url: str,
+        store: str,
+        scan: Scan,
+        positions: Mapping[int, str | None],
+        first: int,
+        partitions: Sequence[int],
+        windowed: bool,
+        caller: Principal,
+    ) -> Answer[dict[int, Any]]:
+        """Return the peer's page (or error) per partition of a scan of store."""
+        variables = {
+            "store": store,
+            "scan": {"kind": scan.kind, "args": scan.args},
+            "positions": {str(p): c for p, c in positions.items()},
+            "first": first,
+            "partitions": list(partitions),
+        }
+        return wire.decode_scan((await self.query(url, wire.SCAN, variables, caller))["_scan"], windowed)
+
+    async def count(
+        self, url: str, store: str, partitions: Sequence[int], exact: bool, caller: Principal
+    ) -> Answer[dict[int, Any]]:
+        """Return the peer's count (or error) per partition of entries of store."""
+        variables = {"store": store, "partitions": list(partitions), "exact": exact}
+        return wire.decode_count((await self.query(url, wire.COUNT, variables, caller))["_count"])
+
+    async def call(
+        self, url: str, field: str, calls: Sequence[tuple[Any, tuple[int, ...]]], caller: Principal
+    ) -> Answer[list[Any]]:
+        """Return the peer's answer per (key, partitions) of an owner-side field run there."""
+        variables = {"field": field, "keys": wire.encode_calls(calls)}
+        return wire.decode_call_answer((await self.query(url, wire.CALL, variables, caller))["_call"])
+
+    async def node(self, url: str, caller: Principal) -> NodeInfo:
+        """Return the peer's own node metadata."""
+        return wire.decode_node((await self.query(url, wire.NODE, {}, caller))["node"])

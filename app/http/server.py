@@ -1,0 +1,336 @@
+"""The node's ASGI server: /graphql (POST, GET, GraphiQL), /healthz, /readyz, /metrics, the app's /dashboard.
+
+Graceful shutdown: uvicorn stops accepting connections and lets in-flight requests finish; then the node
+stops its streaming queries, closes RocksDB and stops Spark.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import secrets
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+
+from iqgraph.app.http.request_guard import RequestGuard
+from iqgraph.app.http.rest import rest_routes
+from iqgraph.app.live.stream import CHANGES_PATH, FOLLOW_PATH, StreamEndpoint, changes_events, follow_events
+from iqgraph.app.live.watch import Live
+from iqgraph.app.metrics import scrape, tracing_extensions
+from iqgraph.app.node import Node, NodeStartError
+from iqgraph.app.query.merging import finalize
+from iqgraph.app.query.routing import store_key_partitions
+from iqgraph.app.security.auth import Authenticator
+from iqgraph.app.security.gate import AuthGate, init_authenticator
+from iqgraph.app.security.peer_auth import INTERNAL_PATH, PeerGate, PeerVerifier
+from iqgraph.app.security.tls import peer_verify, server_options
+from iqgraph.app.settings import Settings
+from iqgraph.schema.access import principal_of
+from iqgraph.schema.errors import STORE_NOT_READY, ApiError
+from iqgraph.schema.graphiql import graphiql_mount
+from iqgraph.schema.types import PartitionInfo, PipelineInfo
+
+if TYPE_CHECKING:
+    from iqgraph.streaming.definitions import App
+
+log = logging.getLogger(__name__)
+
+
+def build_asgi(
+    node: Node,
+    graphql: Any,
+    internal: Any = None,
+    raw_endpoint: bool = False,
+    authenticator: Authenticator | None = None,
+) -> Any:
+    """Return the ASGI app of a started node: graphql at /graphql for clients, internal for peers.
+
+    Clients are authenticated by ``app.security.auth.AuthGate`` (with auth "none", everyone reads everything);
+    peers' sub-requests to ``INTERNAL_PATH`` by their signature (``app.security.peer_auth.PeerGate``); every
+    request meets the limits of ``app.http.request_guard`` first. authenticator: None makes the one the node's
+    settings describe.
+    """
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "alive", "node": node.settings.node_id})
+
+    async def readyz(_: Request) -> Response:
+        info = None if node.local is None else node.local.node()
+        ready = node.ready(info)
+        body = {
+            "ready": ready,
+            "state": node.state.value,
+            "node": node.settings.node_id,
+            "pipeline": None if info is None or info.pipeline is None else pipeline_json(info.pipeline),
+            "partitions": [] if info is None else [partition_json(p) for p in info.partitions],
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics(_: Request) -> Response:
+        # in a thread: the partition gauges ask Kafka for the end offsets
+        return Response(await run_in_threadpool(scrape, node.metrics), media_type=CONTENT_TYPE_LATEST)
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        graphiql_mount("/graphql"),  # GraphiQL's assets at /graphql/static (schema.graphiql)
+        Route("/graphql", graphql, methods=["GET", "POST"]),
+        WebSocketRoute("/graphql", graphql),  # subscriptions over graphql-transport-ws (schema.asgi)
+    ]
+    if internal is not None:
+        verifier = PeerVerifier(node.settings.cluster_secret or secrets.token_bytes(32))  # none: no peer gets in
+        gate = PeerGate(internal, verifier, node.metrics.forwarded_received, peer_body_bytes(node.settings))
+        routes.append(Route(INTERNAL_PATH, gate, methods=["POST"]))
+        live = functools.partial(_live, node)
+        for path, events in ((FOLLOW_PATH, follow_events(live)), (CHANGES_PATH, changes_events(live))):
+            stream = PeerGate(
+                StreamEndpoint(events), verifier, node.metrics.forwarded_received, peer_body_bytes(node.settings)
+            )
+            routes.append(Route(path, stream, methods=["POST"]))  # peers' live upstreams (app.live_relay)
+    if node.queries is not None:
+        routes += rest_routes(node.queries)  # GET /stores/{store}/keys/{key}[/metadata] (app.rest)
+    if raw_endpoint:
+        routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
+    if node.app.dashboard is not None:  # the app's page (App.dashboard): it reads /graphql like any client
+        routes.append(Route("/dashboard", _page(node.app.dashboard), methods=["GET"]))
+    if authenticator is None:
+        authenticator = Authenticator.from_settings(node.settings)
+    peers_body = {
+        INTERNAL_PATH: peer_body_bytes(node.settings),
+        FOLLOW_PATH: peer_body_bytes(node.settings),
+        CHANGES_PATH: peer_body_bytes(node.settings),
+    }  # a batch of many lookups: more than a client's
+    clients = AuthGate(Starlette(routes=routes), authenticator, websocket_init_auth=True)  # or by connection_init
+    return RequestGuard(clients, node.settings, peers_body, node.metrics.request_cut)
+
+
+def _live(node: Node) -> Live:
+    if node.live is None:
+        raise ApiError(f"{node.settings.node_id} is not running yet", STORE_NOT_READY, retryAfterMs=1000)
+    return node.live
+
+
+def _page(path: Path) -> Any:
+    """Return an endpoint answering with the HTML file at path."""
+
+    async def page(_: Request) -> Response:
+        return FileResponse(path, media_type="text/html")
+
+    return page
+
+
+def peer_body_bytes(settings: Settings) -> int:
+    """Return the largest sub-request body a peer may send: up to wire.MAX_LOOKUPS clients' bodies in one."""
+    return 16 * settings.max_body_bytes
+
+
+def _raw_lookup(node: Node) -> Any:
+    """Return an endpoint doing a local point lookup as plain JSON (the benchmark's ceiling: no GraphQL, no routing
+    beyond the key's partitions, this node's partitions only)."""
+
+    async def lookup(request: Request) -> Response:
+        assert node.local is not None and node.topic_watch is not None  # noqa: S101 - started before serving
+        store, key = request.path_params["store"], request.path_params["key"]
+        if not principal_of(request.scope).may_read(store):
+            return JSONResponse({"error": f"not allowed to read store {store!r}"}, status_code=403)
+        try:
+            definition = node.app.store(store)
+        except KeyError:
+            return JSONResponse({"error": f"no store {store!r}"}, status_code=404)
+        detected = node.topic_watch.partitioner(definition.topic)
+        partitions = store_key_partitions(node.app, definition, key, detected)
+        [value] = node.local.read_states(store, [((key, None, None), partitions)]).value
+        if isinstance(value, Exception):
+            return JSONResponse({"error": str(value)}, status_code=503)
+        return JSONResponse({"key": key, "value": finalize(definition, value)})
+
+    return lookup
+
+
+def partition_json(p: PartitionInfo) -> dict[str, Any]:
+    """Return one hosted partition as /readyz shows it (peers read it: schema.wire.decode_node's names)."""
+    return {
+        "topic": p.topic,
+        "partition": p.partition,
+        "role": p.role,
+        "state": p.state,
+        "appliedOffset": p.applied_offset,
+        "endOffset": p.end_offset,
+        "lag": p.lag,
+        "secondsSinceApplied": round(p.seconds_since_applied, 3),
+        "stalled": p.stalled,
+    }
+
+
+def pipeline_json(pipeline: PipelineInfo) -> dict[str, Any]:
+    """Return the node's streaming pipeline as /readyz shows it."""
+    return {
+        "state": pipeline.state,
+        "restarts": pipeline.restarts,
+        "deathsInARow": pipeline.deaths_in_a_row,
+        "keepsDying": pipeline.keeps_dying,
+        "lastError": pipeline.last_error,
+    }
+
+
+def graphql_app(node: Node, authenticator: Authenticator | None = None) -> tuple[Any, Any]:
+    """Return the Strawberry ASGI apps answering the node's store queries: clients', and peers' (internal).
+
+    authenticator: how a websocket is authenticated by its connection_init payload (None: the settings' one).
+    """
+    from iqgraph.app.owner.runner import owner_field_infos
+    from iqgraph.app.query.partitions import entity_infos
+    from iqgraph.schema import GraphQLApp, Limits, build_schema
+    from iqgraph.schema.builder import build_internal_schema
+
+    assert node.queries is not None and node.local is not None  # noqa: S101 - started before serving
+    settings = node.settings
+    limits = Limits(
+        max_keys=settings.max_keys,
+        max_page_size=settings.max_page_size,
+        default_page_size=settings.default_page_size,
+        max_aliases=settings.max_aliases,
+        max_depth=settings.max_depth,
+        max_tokens=settings.max_tokens,
+        max_body_bytes=settings.max_body_bytes,
+        max_header_bytes=settings.max_header_bytes,
+        request_timeout_ms=settings.request_timeout_ms,
+    )
+    schema = build_schema(
+        node.queries.stores(),
+        limits,
+        entities=entity_infos(node.app),
+        owner_fields=owner_field_infos(node.app),
+        description=node.app.description,
+        metrics=node.metrics.graphql,
+        extensions=tracing_extensions(settings.tracing),
+        compiled=settings.compiled,
+        introspection=settings.introspection,
+        subscriptions=True,
+    )
+    authenticator = authenticator or Authenticator.from_settings(settings)
+    public = GraphQLApp(
+        schema,
+        node.queries,
+        limits,
+        compiled=settings.compiled,
+        require_principal=True,
+        live=node.live,
+        connection_auth=None if authenticator is None else init_authenticator(authenticator),
+    )
+    internal_schema = build_internal_schema(
+        limits, owner_field_infos(node.app), getattr(schema, "request_metrics", None)
+    )
+    internal = GraphQLApp(internal_schema, node.queries, limits, local=node.local, require_principal=True)
+    return public, internal
+
+
+def serve(settings: Settings, app: App) -> int:
+    """Run a node until interrupted; return the exit code."""
+    tls = server_options(settings)  # its files, the CA's and the authenticator's are checked before Spark starts
+    peer_verify(settings)
+    authenticator = Authenticator.from_settings(settings)
+    listener = bind_listener(settings.host, settings.port)  # before Spark: it takes ports of its own
+    node = Node(settings, app)
+    progress = lambda message: print(f"iqgraph: {message}", flush=True)  # noqa: E731
+    try:
+        node.start(progress=progress)
+    except BaseException:
+        listener.close()
+        raise
+    node.watch_restore(progress)
+    try:
+        asgi = build_asgi(node, *graphql_app(node, authenticator), settings.raw_endpoint, authenticator)
+        print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)
+        print(f"iqgraph: {settings.describe_security()}", flush=True)
+        config = uvicorn.Config(
+            asgi,
+            log_level="warning",
+            timeout_graceful_shutdown=10,
+            h11_max_incomplete_event_size=settings.max_header_bytes,  # with h11; RequestGuard checks them too
+            **tls,  # HTTPS (app.tls)
+        )
+        gc.collect()
+        gc.freeze()  # what start-up made lives as long as the node: keep it out of the collector's full passes
+        run_until_signalled(uvicorn.Server(config), listener)
+    finally:
+        listener.close()
+        print("iqgraph: stopping: streaming queries, stores, Spark", flush=True)
+        node.stop()
+    return 0
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Return a socket bound to host:port for uvicorn to listen on; NodeStartError if the port is taken.
+
+    Bound at once, before the node starts Spark: Spark's driver and its Kafka and Python connections take
+    ephemeral ports of their own, and the port chosen for the node must not be one of them by the time
+    the server listens (a port free when chosen was seen taken 15 s later). A taken port fails in a second,
+    not after Spark started.
+    """
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)  # as uvicorn binds host
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise NodeStartError(f"cannot listen on {host}:{port} ({exc.strerror}): choose another --port") from None
+    return listener
+
+
+def run_until_signalled(server: uvicorn.Server, listener: socket.socket | None = None) -> None:
+    """Run server until SIGINT or SIGTERM, then return so that the caller can stop the node cleanly.
+
+    uvicorn finishes in-flight requests, then re-raises the signal it caught to the handler that was
+    installed before it ran; ours only notes it, so the process goes on to close RocksDB and stop Spark
+    instead of dying with the signal.
+    """
+    previous = {sig: signal.signal(sig, _note_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run(sockets=None if listener is None else [listener])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _note_signal(sig: int, _frame: object) -> None:
+    log.info("received signal %d after the server stopped", sig)
+
+
+def print_schema(app: App) -> int:
+    """Print the SDL of app's schema (value types need a brief local Spark session)."""
+    from iqgraph.app.owner.runner import owner_field_infos
+    from iqgraph.app.query.partitions import entity_infos, store_info
+    from iqgraph.schema import Limits, build_schema
+    from iqgraph.streaming.session import build_spark_session
+    from iqgraph.streaming.value_types import value_types
+
+    spark = build_spark_session("local[1]", app_name="iqgraph-schema", log_level="ERROR")
+    try:
+        types = value_types(app, spark)
+    finally:
+        spark.stop()
+    stores = [store_info(app, s, types[s.name]) for s in app.stores]
+    schema = build_schema(
+        stores,
+        Limits(),
+        entities=entity_infos(app),
+        owner_fields=owner_field_infos(app),
+        description=app.description,
+        subscriptions=True,  # the schema a node serves
+    )
+    sys.stdout.write(schema.as_str() + "\n")
+    return 0

@@ -1,0 +1,673 @@
+"""Live queries through any node: a store's keys followed wherever their partitions are served.
+
+``Live.watch`` (``schema.types.LiveQueries``) checks the caller may read the store
+(``schema.access.check_read``), routes the keys to their partitions as reads do (``app.query.routing``: the
+producers' partitioner) and follows each partition on the replica the failover rules choose
+(``ClusterStoreQueries.serving``: the active copy, or a standby within the staleness bound when the active
+is down). Partitions served here are followed on this node's change feed (``app.live.follow``); partitions
+served by a peer through that peer's relay (``app.live.relay``: one upstream per peer, every local
+subscription's keys on it). Every source sends ``Rows`` (a snapshot read at a position, or one batch's
+changes); the watch keeps, per partition, the position its subscriber has, and passes on only what is
+newer — so a source replaced mid-stream (a peer killed, a partition moved, a subscriber that fell behind)
+is followed again from those positions on whichever replica serves now: no gap, no duplicate.
+``app.live.values`` turns states into the values sent; a change read from a standby carries its lag.
+
+A partition no replica can serve is retried until the queries' deadline (``RetryPolicy.deadline_ms``), then
+ends the subscription with its coded error (STORE_NOT_AVAILABLE, STALE_BEYOND_BOUND, …).
+
+``Live.serve_peer`` is the owner's side of a relay's upstream (``app.live.stream``'s endpoint): it follows
+partitions hosted here for a peer, checking the caller the peer carried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import itertools
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from iqgraph.app.cluster.peers import PeerError, PeerUnavailableError
+from iqgraph.app.live import stream as live_stream
+from iqgraph.app.live.follow import Hosted, Interest, Rows, follow_partitions, partitions_of
+from iqgraph.app.live.relay import Broadcasts, MemberOverflowError, Relays
+from iqgraph.app.live.store_changes import store_changes
+from iqgraph.app.live.stream import encode_request, open_changes, open_follow
+from iqgraph.app.live.values import WatchedKeys
+from iqgraph.app.query import routing
+from iqgraph.app.query.executor import Failover, Replicas, RetryPolicy, batches
+from iqgraph.app.query.partitions import definition_of
+from iqgraph.schema.access import ANONYMOUS, Principal, check_read
+from iqgraph.schema.errors import (
+    STORE_MIGRATED,
+    STORE_NOT_AVAILABLE,
+    ApiError,
+    api_error,
+    invalid_argument,
+    limit_exceeded,
+    properties,
+)
+from iqgraph.schema.types import LiveChange
+from iqgraph.stores import Key, PartitionState, PartitionStores, StoreError, StoreKind, StoreNotReadyError
+from iqgraph.streaming.change_feed import ChangeFeed
+from iqgraph.streaming.change_set import Change
+from iqgraph.streaming.definitions import App, StoreDefinition
+from iqgraph.streaming.snapshots import Snapshot
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from iqgraph.app.cluster.peers import PeerClient
+    from iqgraph.app.query.store_queries import ClusterStoreQueries
+
+WATCHABLE = (StoreKind.KEY_VALUE, StoreKind.WINDOW, StoreKind.BLOOM)
+MAX_QUEUED = 1_024  # a source's events a watch may hold before the source is made to start again
+PROMOTE_EVERY_S = 2.0  # how often a watch served by a standby checks whether the active serves again
+MAX_AHEAD = 2  # events a local source reads ahead of its subscriber (the rest stays in the feed, conflated)
+CHANGES_START_S = 5.0  # how long store_changes waits for every node to follow before its first yield
+#: A lone node's watches (no cluster queries): a partition it cannot serve fails the watch at once.
+LONE_RETRY = RetryPolicy(deadline_ms=0, first_backoff_ms=50)
+
+
+@dataclass
+class _Source:
+    """Where a watch follows some of its partitions: this node's feed (a task) or a peer's relay (a member)."""
+
+    node: str
+    partitions: list[int]
+    stop: Callable[[], None]
+    standby: bool = False  # a standby copy serves them (the active was down): moved back once it serves again
+
+
+class Live:
+    """Follow stores' keys on the nodes that serve them (``watch``), and serve peers' relays (``serve_peer``)."""
+
+    def __init__(
+        self,
+        app: App,
+        partitions: Hosted,
+        feed: ChangeFeed,
+        *,
+        partitioner: Callable[[str], str],
+        role: Callable[[str, int], str] | None = None,
+        node_id: str = "node-0",
+        queries: ClusterStoreQueries | None = None,
+        peers: PeerClient | None = None,
+        lag: Callable[[str, int], int | None] | None = None,
+        check_every_s: float = 2.0,
+    ) -> None:
+        """Args:
+        partitions: topic → partition → stores this node hosts, now (the runner's live dict).
+        partitioner: the partitioner a topic's keys are routed by (configured, or detected).
+        role: "active" or "standby" of this node's copy of a topic-partition (default: active).
+        queries: the cluster's routing (None: one node, only its own active partitions are followed).
+        peers: the client of peers' endpoints (their relays' upstreams). lag: this node's lag of a partition.
+        """
+        self.app = app
+        self.partitions = partitions
+        self.feed = feed
+        self.partitioner = partitioner
+        self.role = role or (lambda topic, partition: "active")
+        self.node_id = node_id
+        self.queries = queries
+        self.peers = peers
+        self.lag = lag or (lambda topic, partition: None)
+        self.check_every_s = check_every_s
+        self.replicas: Replicas = queries.replicas if queries is not None else _LoneNode(self)
+        self.retry = queries.retry if queries is not None else LONE_RETRY
+        self.relays = Relays()
+        self.broadcasts = Broadcasts()  # store_changes' upstreams: one per (peer, store, caller)
+        self._tags = itertools.count()
+
+    # -- a subscriber's watch --------------------------------------------------------------------------
+
+    async def watch(
+        self,
+        store: str,
+        keys: Sequence[Key],
+        *,
+        after: Mapping[int, int] | None = None,
+        window_from: int | None = None,
+        principal: Principal = ANONYMOUS,
+        max_lag: int | None = None,
+    ) -> AsyncGenerator[LiveChange, None]:
+        """Yield the keys' values newer than after, then every change, until the subscriber goes away."""
+        check_read(principal, store)
+        definition = self._definition(store)
+        routed = self._route(definition, keys)
+        watch = _Watch(self, definition, routed, after or {}, window_from, principal, max_lag)
+        try:
+            async for change in watch.run():
+                yield change
+        finally:
+            await watch.close()
+
+    def _definition(self, store: str) -> StoreDefinition:
+        try:
+            definition = definition_of(self.app, store)
+        except StoreError as exc:
+            raise api_error(exc) from None
+        if definition.kind not in WATCHABLE:
+            raise invalid_argument("store", f"{store} is a {definition.kind.value} store, which cannot be followed")
+        return definition
+
+    def _route(self, definition: StoreDefinition, keys: Sequence[Key]) -> dict[int, list[Key]]:
+        """Return per partition the keys a read asks it for; the first key that cannot be routed fails."""
+        routed = batches(self.app, definition, keys, self.partitioner(definition.topic))
+        if routed.errors:
+            raise api_error(routed.errors[min(routed.errors)])
+        where = {i: ps for ps, members in zip(routed.partitions, routed.members, strict=True) for i in members}
+        found: dict[int, list[Key]] = {}
+        for i, key in enumerate(keys):
+            for p in where[i]:
+                found.setdefault(p, []).append(key)
+        return found
+
+    def failover(self, topic: str, max_lag: int | None) -> Failover:
+        """Return the failover state of a watch's partitions of topic, until they are all followed again."""
+        return Failover(self.replicas, topic, self.bound(max_lag), self.retry, patient=True)
+
+    def bound(self, max_lag: int | None) -> int | None:
+        """Return a watch's staleness bound: its maxLag, else the node's."""
+        return self.queries.bound(max_lag) if self.queries is not None else max_lag
+
+    def store_changes_here(self, store: str, *, principal: Principal = ANONYMOUS) -> AsyncGenerator[int, None]:
+        """Yield 0 once store is followed, then how many of its keys each batch changed on this node's active
+        partitions (``app.live.store_changes``)."""
+        return store_changes(self.app, self.partitions, self.feed, self.role, store, principal=principal)
+
+    async def store_changes(self, store: str, *, principal: Principal = ANONYMOUS) -> AsyncGenerator[int, None]:
+        """Yield 0 once store is followed on every node, then how many of its keys batches changed on any active.
+
+        Each peer streams its own count (``/internal/changes``); a peer that fails is asked again every second
+        (its partitions' batches are counted again once a node serves them as the active).
+        """
+        check_read(principal, store)
+        try:
+            definition_of(self.app, store)
+        except StoreError as exc:
+            raise api_error(exc) from None
+        peers = [] if self.queries is None else sorted(self.queries.membership.current().members)
+        counts: asyncio.Queue[int] = asyncio.Queue()
+        started = [asyncio.Event() for _ in peers] or [asyncio.Event()]
+        tasks = [
+            asyncio.create_task(self._count(node, store, principal, counts, ready))
+            for node, ready in zip(peers or [self.node_id], started, strict=True)
+        ]
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), CHANGES_START_S)
+            for task in tasks:
+                if task.done() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            yield 0
+            while True:
+                found = await counts.get()
+                while not counts.empty():
+                    found += counts.get_nowait()
+                if found:
+                    yield found
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:  # their feed subscriptions closed when this returns
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _count(
+        self, node: str, store: str, principal: Principal, counts: asyncio.Queue[int], ready: asyncio.Event
+    ) -> None:
+        """Put node's counts of store's changed keys in counts (again after a failure), ready at its first."""
+        while True:
+            try:
+                if node == self.node_id:
+                    async with contextlib.aclosing(self.store_changes_here(store, principal=principal)) as here:
+                        async for n in here:
+                            ready.set()
+                            counts.put_nowait(n)
+                else:
+                    await self._count_peer(node, store, principal, counts, ready)
+            except ApiError as exc:
+                if not properties(exc.code).transient:
+                    raise
+            except (PeerError, OSError, ConnectionError) as exc:
+                log.info("changes of %s on %s stopped (%r): asking again", store, node, exc)
+            ready.set()
+            counts.put_nowait(1)  # something may have changed while it was not followed
+            await asyncio.sleep(1.0)
+
+    async def _count_peer(
+        self, node: str, store: str, principal: Principal, counts: asyncio.Queue[int], ready: asyncio.Event
+    ) -> None:
+        """Put a peer's counts in counts, from its one broadcast shared by every listener here."""
+        assert self.queries is not None and self.peers is not None  # noqa: S101 - only with peers
+        queries, peers = self.queries, self.peers
+
+        def open_counts() -> AsyncIterator[int]:
+            url = queries.url_of(node)
+            if url is None:
+                raise PeerUnavailableError(f"node {node} is not a member of the cluster any more")
+            return open_changes(peers.stream_client(), peers.signer, url, store, principal)
+
+        broadcast = self.broadcasts.get((node, store, principal), open_counts)
+        queue = broadcast.listen()
+        try:
+            while True:
+                if broadcast.started.is_set():
+                    ready.set()
+                try:
+                    item = await asyncio.wait_for(queue.get(), 0.1) if not ready.is_set() else await queue.get()
+                except TimeoutError:
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                ready.set()
+                counts.put_nowait(item)
+        finally:
+            broadcast.leave(queue)
+
+    # -- the owner's side of a peer's relay ----------------------------------------------------------
+
+    async def serve_peer(
+        self,
+        topic: str,
+        interest: Interest,
+        after: Mapping[int, int],
+        window_from: Mapping[str, int | None],
+        standby: bool,
+        principal: Principal,
+    ) -> AsyncGenerator[Rows, None]:
+        """Yield the rows of interest's partitions hosted here to a peer's relay, checking its caller."""
+        for store in interest:
+            check_read(principal, store)
+            if self._definition(store).topic != topic:
+                raise invalid_argument("interest", f"store {store} is not of topic {topic}")
+        count = sum(len(keys) for ps in interest.values() for keys in ps.values())
+        if count > live_stream.MAX_FOLLOW_KEYS:
+            raise limit_exceeded("keys a peer follows", live_stream.MAX_FOLLOW_KEYS, count)
+        hosted = {p: self._serves(topic, p, standby) for p in partitions_of(interest)}
+        roles = {p: self.role(topic, p) for p in hosted}
+
+        def still_serves(p: int, stores: PartitionStores) -> bool:
+            now = self.partitions.get(topic, {}).get(p)
+            return now is stores and (standby or self.role(topic, p) == "active")
+
+        def lag(p: int) -> int | None:
+            if roles[p] == "active":
+                return None
+            found = self.lag(topic, p)
+            return 0 if found is None else found  # a standby's rows always say so (its end offset not known yet: 0)
+
+        follow = follow_partitions(
+            self.app,
+            self.feed,
+            topic,
+            hosted,
+            interest,
+            after=after,
+            window_from=window_from,
+            still_serves=still_serves,
+            lag=lag,
+            check_every_s=self.check_every_s,
+        )
+        async with contextlib.aclosing(follow) as rows:
+            async for found in rows:
+                yield found
+
+    def _serves(self, topic: str, partition: int, standby: bool) -> PartitionStores:
+        """Return the stores of a partition this node may serve a watch from, or why not (coded)."""
+        stores = self.partitions.get(topic, {}).get(partition)
+        if stores is None or not (standby or self.role(topic, partition) == "active"):
+            copy = "is not hosted" if stores is None else "is only a standby copy"
+            raise ApiError(
+                f"partition {topic}-{partition} {copy} on {self.node_id}", STORE_MIGRATED, partition=partition
+            )
+        if stores.db.state is not PartitionState.RUNNING:
+            state = stores.db.state.value
+            raise api_error(
+                StoreNotReadyError(f"partition {topic}-{partition} is {state} on {self.node_id}", state=state)
+            )
+        return stores
+
+    def _open_stream(self, node: str, topic: str, standby: bool, caller: Principal) -> Callable[..., Any]:
+        """Return how a relay opens its upstream to node (a signed follow request)."""
+        assert self.queries is not None and self.peers is not None  # noqa: S101 - only with peers
+
+        def open_stream(interest: Interest, window_from: Mapping[str, int | None]) -> Any:
+            url = self.queries.url_of(node) if self.queries is not None else None
+            if url is None:
+                raise PeerUnavailableError(f"node {node} is not a member of the cluster any more")
+            body = encode_request(topic, interest, {}, window_from, standby)
+            assert self.peers is not None  # noqa: S101
+            return open_follow(self.peers.stream_client(), self.peers.signer, url, body, caller)
+
+        return open_stream
+
+
+_NOTHING = object()
+_LOCAL = Principal("iqgraph-node", None)  # this node following its own partitions: the watch checked its caller
+
+
+class _Watch:
+    """One subscription's sources and positions (see the module's docstring)."""
+
+    def __init__(
+        self,
+        live: Live,
+        definition: StoreDefinition,
+        routed: Mapping[int, Sequence[Key]],
+        after: Mapping[int, int],
+        window_from: int | None,
+        principal: Principal,
+        max_lag: int | None,
+    ) -> None:
+        self.live = live
+        self.definition = definition
+        self.topic = definition.topic
+        self.routed = routed
+        self.watched = WatchedKeys(definition, routed, window_from)
+        self.window_from = {definition.name: window_from}
+        self.positions = dict(after)
+        self.principal = principal
+        self.max_lag = max_lag
+        self.queue: asyncio.Queue[tuple[int, Rows | BaseException]] = asyncio.Queue()
+        self.sources: dict[int, _Source] = {}
+        self.tasks: set[asyncio.Task[None]] = set()  # the local sources' pumps
+        self.promote_at = 0.0  # when a watch served by a standby next checks whether the active serves again
+        self.started = False  # every partition has sent its first snapshot (until then: held, see _first)
+        self.initial: dict[int, Rows] = {}
+        self.early: list[Rows] = []
+        self.taken = asyncio.Event()  # the subscriber took an event: a local source may read on
+        self.sent: dict[tuple[Key, int | None], Any] = {}  # the last value sent of each key (window)
+        self.by_partition: dict[int, int] = {}  # partition → the tag of its source
+        self.pending: set[int] = set(routed)
+        self.bound = live.bound(max_lag)
+        #: the executor's failover state while a partition has no source that sends (from then to the deadline)
+        self.failover: Failover | None = None
+        self.failures = 0  # sources failed in a row (the backoff grows with them)
+        self.retry_at = 0.0
+        self.fatal: ApiError | None = None
+
+    async def run(self) -> AsyncGenerator[LiveChange, None]:
+        held: list[tuple[int, Rows | BaseException]] = []  # taken from the queue, not yet handled
+        while True:
+            if held:
+                tag, item = held.pop(0)
+            else:
+                delay = self._plan()
+                if any(source.standby for source in self.sources.values()):
+                    now = time.monotonic()
+                    if now >= self.promote_at:  # however busy the stream: events may never leave a quiet moment
+                        self.promote_at = now + PROMOTE_EVERY_S
+                        self._promote()
+                        continue
+                    delay = min(delay or PROMOTE_EVERY_S, self.promote_at - now)
+                try:
+                    tag, item = await asyncio.wait_for(self.queue.get(), delay) if delay else await self.queue.get()
+                except TimeoutError:
+                    continue
+                self.taken.set()
+            source = self.sources.get(tag)
+            if source is None:
+                continue  # a source replaced already
+            if isinstance(item, BaseException):
+                self._failed(tag, source, item)
+                continue
+            if self.queue.qsize() > MAX_QUEUED:
+                self._failed(tag, source, MemberOverflowError("the subscriber fell behind"))
+                continue
+            found = [item]
+            if item.snapshot:  # the snapshots read together are sent together: a key of several partitions once
+                while not held and not self.queue.empty():
+                    more = self.queue.get_nowait()
+                    known = {rows.partition for rows in found}
+                    if isinstance(more[1], Rows) and more[1].snapshot and more[1].partition not in known:
+                        if self.sources.get(more[0]) is not None:
+                            found.append(more[1])
+                    else:
+                        held.append(more)
+                self.taken.set()
+            for rows in found:
+                if self.failover is not None:
+                    self.failover.served(rows.partition)
+            if not self.pending:
+                self.failover, self.failures = None, 0
+            groups = [found] if self.started else self._first(found)
+            for group in groups:  # snapshots read together are sent together, a batch alone
+                for change in self._apply(group):
+                    yield change
+
+    def _first(self, found: list[Rows]) -> list[list[Rows]]:
+        """Hold rows until every partition has sent its first snapshot; then return them to send: the snapshots
+        together (a key several partitions hold is sent once, merged, not first with one partition's state), then
+        the batches that came meanwhile."""
+        for rows in found:
+            if not rows.snapshot:
+                self.early.append(rows)
+            elif rows.position >= getattr(self.initial.get(rows.partition), "position", -1):
+                self.initial[rows.partition] = rows
+        if not set(self.routed) <= set(self.initial):
+            return []
+        self.started = True
+        ready = [list(self.initial.values()), *([rows] for rows in self.early)]
+        self.initial, self.early = {}, []
+        return ready
+
+    async def close(self) -> None:
+        """Stop every source; a local one's feed subscription is closed when this returns."""
+        for source in self.sources.values():
+            source.stop()
+        self.sources.clear()
+        tasks, self.tasks = list(self.tasks), set()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+    # -- sources ----------------------------------------------------------------------------------------
+
+    def _plan(self) -> float | None:
+        """Start sources for the partitions without one; return how long to wait before planning again.
+
+        Raises the error that ends the watch: a source's that retrying cannot cure (FORBIDDEN, LIMIT_EXCEEDED, …),
+        or, past the deadline without rows, why a partition could not be followed (``app.query.executor``).
+        """
+        if self.fatal is not None:
+            raise self.fatal
+        if not self.pending:
+            return None
+        failover = self.failover = self.failover or self.live.failover(self.topic, self.max_lag)
+        now = time.monotonic()
+        if now < self.retry_at:
+            return self.retry_at - now
+        chosen: dict[routing.Server, list[int]] = {}
+        refused: dict[int, routing.Refusal] = {}
+        for p in sorted(self.pending):
+            found = failover.choose(p)
+            if isinstance(found, routing.Refusal):
+                refused[p] = found
+            else:
+                chosen.setdefault(found, []).append(p)
+        for _, refusal in sorted(refused.items()):
+            error = failover.refused(refusal)
+            if error is not None:
+                raise error
+        if self.failures and failover.expired():
+            raise failover.given_up(sorted(self.pending))
+        for server, partitions in chosen.items():
+            self._start(server, partitions)
+            self.pending -= set(partitions)
+        if not refused:
+            return None
+        failover.forget(refused)  # a failed node may serve again once it is back
+        return failover.next_round()
+
+    def _start(self, server: routing.Server, partitions: list[int]) -> None:
+        tag = next(self.live._tags)
+        interest = {self.definition.name: {p: list(self.routed[p]) for p in partitions}}
+        standby = server.stale
+        if server.node == self.live.node_id:
+            after = {p: self.positions[p] for p in partitions if p in self.positions}
+            task = asyncio.create_task(
+                self._pump(tag, self.live.serve_peer(self.topic, interest, after, self.window_from, standby, _LOCAL))
+            )
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            source = _Source(server.node, partitions, functools.partial(_cancel, task), standby)
+        else:
+            key = (server.node, self.topic, self.principal, standby)
+            open_stream = self.live._open_stream(server.node, self.topic, standby, self.principal)
+            member = self.live.relays.join(key, open_stream, interest, self.window_from, self.queue, tag)
+            source = _Source(server.node, partitions, member.leave, standby)
+        self.sources[tag] = source
+        for p in partitions:
+            self.by_partition[p] = tag
+
+    def _promote(self) -> None:
+        """Follow partitions a standby serves on their active again once it serves (from the positions held)."""
+        for tag, source in list(self.sources.items()):
+            if not source.standby:
+                continue
+            back = [p for p in source.partitions if self._active_serves(p)]
+            if back:
+                log.info("partitions %s of %s: their active serves again, leaving the standby", back, self.topic)
+                source.stop()
+                del self.sources[tag]
+                for p in source.partitions:
+                    if self.by_partition.get(p) == tag:
+                        del self.by_partition[p]
+                        self.pending.add(p)
+
+    def _active_serves(self, partition: int) -> bool:
+        found = self.live.replicas.choose(self.topic, partition, self.bound, ())
+        return isinstance(found, routing.Server) and not found.stale
+
+    async def _pump(self, tag: int, rows: AsyncGenerator[Rows, None]) -> None:
+        try:
+            async with contextlib.aclosing(rows) as found:
+                async for item in found:
+                    self.queue.put_nowait((tag, item))
+                    while self.queue.qsize() > MAX_AHEAD:  # the subscriber reads first: the feed conflates meanwhile
+                        self.taken.clear()
+                        await self.taken.wait()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the watch follows the partitions again
+            self.queue.put_nowait((tag, exc))
+            return
+        self.queue.put_nowait((tag, ConnectionError("the source ended")))
+
+    def _failed(self, tag: int, source: _Source, error: BaseException) -> None:
+        """Follow a failed source's partitions again: after a backoff, elsewhere if the node failed; or end the
+        watch with an error that retrying cannot cure (the executor's rules: ``Failover.failed``)."""
+        source.stop()
+        del self.sources[tag]
+        log.warning("a source of %s on %s failed (%r): following again", self.topic, source.node, error)
+        mine = [p for p in source.partitions if self.by_partition.get(p) == tag]
+        for p in mine:
+            del self.by_partition[p]
+            self.pending.add(p)
+        if isinstance(error, MemberOverflowError):
+            return  # the subscriber fell behind: follow again at once, from its positions (a snapshot)
+        failover = self.failover = self.failover or self.live.failover(self.topic, self.max_lag)
+        final = failover.failed(source.node, mine, error)
+        if final is not None:
+            self.fatal = final  # retrying cannot cure it: the watch ends with it
+            return
+        self.failures += 1
+        self.retry_at = time.monotonic() + failover.next_round()
+
+    # -- what the subscriber gets -------------------------------------------------------------------
+
+    def _apply(self, found: Sequence[Rows]) -> list[LiveChange]:
+        """Return what rows (one batch, or snapshots) bring the subscriber: only what is newer than its positions."""
+        newer = [rows for rows in found if rows.position > self.positions.get(rows.partition, -1)]
+        if not newer:
+            return []  # a replica behind the subscriber, or a relay's snapshot for a newer member
+        name = self.definition.name
+        if newer[0].snapshot:
+            snapshots = {
+                rows.partition: Snapshot(rows.position, [(k, w, s) for n, k, w, s, _ in rows.rows if n == name], True)
+                for rows in newer
+            }
+            made = self._unsent(
+                self.watched.snapshot(
+                    snapshots, {rows.partition: self.positions.get(rows.partition, 0) for rows in newer}
+                ),
+                {rows.partition: rows.position for rows in newer},
+            )
+        else:
+            (rows,) = newer
+            made = self._changes(rows)
+        for change in made:
+            self.sent[(change.key, change.window_start)] = change.value
+        lags = {rows.partition: rows.lag for rows in newer}
+        for rows in newer:
+            self.positions[rows.partition] = rows.position
+        if all(lag is None for lag in lags.values()):
+            return made
+        return [dataclasses.replace(c, lag=lags.get(c.partition)) for c in made]
+
+    def _unsent(self, made: list[LiveChange], positions: Mapping[int, int]) -> list[LiveChange]:
+        """Return a snapshot's changes but the values the subscriber has already (a source replaced mid-stream
+        reads every key again); each partition's last change left carries the snapshot's position."""
+        if not self.started or not self.sent:
+            return made
+        kept = [c for c in made if self.sent.get((c.key, c.window_start), _NOTHING) != c.value]
+        last: dict[int, int] = {c.partition: i for i, c in enumerate(kept)}
+        for p, i in last.items():
+            kept[i] = dataclasses.replace(kept[i], position=positions[p])
+        return kept
+
+    def _changes(self, rows: Rows) -> list[LiveChange]:
+        """Return one batch's changes of the watched keys; the last carries the batch's position."""
+        made = []
+        have = self.positions.get(rows.partition, 0)
+        for store, key, start, state, dropped in rows.rows:
+            if store == self.definition.name:
+                change = Change(store, key, start, state, self.topic, rows.partition, rows.position, dropped)
+                found = self.watched.change(change, have)
+                if found is not None and self.sent.get((key, start), _NOTHING) != found.value:
+                    made.append(found)  # a replica whose batches end elsewhere may bring a value sent already
+        if made:  # one who stops before the batch's last change has the rest sent again on a resume
+            made[-1] = dataclasses.replace(made[-1], position=rows.position)
+        return made
+
+
+def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+
+
+class _LoneNode:
+    """A node without cluster queries: it serves a watch only the partitions whose active copy it holds."""
+
+    def __init__(self, live: Live) -> None:
+        self.live = live
+        self.node_id = live.node_id
+
+    def choose(
+        self, topic: str, partition: int, bound: int | None, excluded: Collection[str]
+    ) -> routing.Server | routing.Refusal:
+        """Return this node for a partition whose active copy it holds, else why not."""
+        hosted = partition in self.live.partitions.get(topic, {})
+        if hosted and self.live.role(topic, partition) == "active":  # its only copy: asked again even if it failed
+            return routing.Server(self.node_id, "active")
+        copy = "is only a standby copy" if hosted else "is not hosted"
+        message = f"partition {topic}-{partition} {copy} on {self.node_id}, which serves no other node's partitions"
+        return routing.Refusal(STORE_NOT_AVAILABLE, message, partition)
+
+    def plan(
+        self, topic: str, needs: Mapping[int, Sequence[int]], bound: int | None, excluded: Mapping[int, Collection[str]]
+    ) -> routing.Plan:
+        """Return no plan: a lone node's watches choose partition by partition."""
+        raise NotImplementedError("a lone node plans no reads")
+
+    def mark_down(self, node: str) -> None:
+        """Do nothing: a lone node has no peer to mark."""
+
+    def refresh(self) -> None:
+        """Do nothing: a lone node's map never changes."""

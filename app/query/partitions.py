@@ -1,0 +1,325 @@
+"""The partitions this node hosts, read as a peer serves them (schema.types.PeerQueries).
+
+Construct with ``LocalPartitions(app, partitions, node_id=…, url=…, end_offset=…)``: ``partitions`` maps
+topic → partition → PartitionStores and changes as partitions move (the runner's live dict);
+``end_offset(topic, partition)`` is the topic-partition's end offset as last seen (None: unknown), for lags.
+
+It reads exactly the partitions it is told — routing is the cluster queries' job (``app.query.routing``) — and
+answers *states* (mergeable), each answer with the position (applied offset, read before the data) and
+lag of every partition it read. It never waits: a partition that is not hosted fails STORE_MIGRATED, one
+that is not queryable yet STORE_NOT_READY — per read, per page, per count, in place of that partition's
+result — and the caller decides whether another replica answers or
+it retries. The cluster queries read this node's partitions through it in place; peers, through
+the internal fields.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from iqgraph.app.query.merging import combiner
+from iqgraph.schema.access import ANONYMOUS, Principal
+from iqgraph.schema.errors import INTERNAL, ApiError
+from iqgraph.schema.types import (
+    Answer,
+    EntityInfo,
+    NodeInfo,
+    PartitionInfo,
+    PipelineInfo,
+    Read,
+    RelationInfo,
+    Request,
+    Scan,
+    StoreInfo,
+)
+from iqgraph.stores import (
+    Page,
+    PartitionState,
+    PartitionStores,
+    StoreError,
+    StoreKind,
+    StoreMigratedError,
+    StoreNotReadyError,
+    UnknownStoreError,
+)
+from iqgraph.streaming.definitions import App, StoreDefinition
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType
+
+    from iqgraph.stores import Key
+
+EndOffset = Callable[[str, int], int | None]
+
+
+class OwnerFieldCalls(Protocol):
+    """What runs owner-side fields over this node's partitions (``app.owner.runner.OwnerFieldRunner``)."""
+
+    async def call(
+        self, field: str, calls: Sequence[tuple[Key, tuple[int, ...]]], caller: Principal
+    ) -> Answer[list[Any]]:
+        """Return the field's value per (key, partitions), run here for caller."""
+        ...
+FAR_PAST, FAR_FUTURE = -(1 << 62), 1 << 62
+
+
+def store_info(app: App, store: StoreDefinition, value_type: DataType) -> StoreInfo:
+    """Return the metadata the schema shows for a store."""
+    topic = app.topic(store.topic)
+    return StoreInfo(
+        name=store.name,
+        kind=store.kind.value,
+        key_type=store.resolved_key_type(topic),
+        value_type=value_type,
+        topic=topic.name,
+        partitions=topic.partitions,
+        co_partitioned=store.co_partitioned,
+        description=store.description,
+        aggregation=None if store.kind in (StoreKind.BLOOM, StoreKind.RANKING) else store.aggregate.kind,
+        window_size_ms=store.window.size_ms if store.window else None,
+        window_advance_ms=store.window.advance if store.window else None,
+        false_positive_rate=store.bloom.error_rate if store.bloom else None,
+        relations=tuple(RelationInfo(r.field, r.entity, r.column) for r in store.relations),
+        table=topic.table,
+        extra={"ranks": store.ranks, "group": store.group} if store.kind is StoreKind.RANKING else {},
+    )
+
+
+def entity_infos(app: App) -> list[EntityInfo]:
+    """Return the entities the schema shows: the app's, with their shared key type."""
+    return [
+        EntityInfo(e.name, app.entity_key_type(e), tuple(e.stores), e.plural_field, e.table, e.description)
+        for e in app.entities
+    ]
+
+
+def definition_of(app: App, store: str, kind: StoreKind | None = None) -> StoreDefinition:
+    """Return the definition of store (of kind, if given); raise UnknownStoreError otherwise."""
+    try:
+        definition = app.store(store)
+    except KeyError:
+        known = ", ".join(s.name for s in app.stores)
+        raise UnknownStoreError(f"no store named {store!r} (stores: {known})") from None
+    if kind is not None and definition.kind is not kind:
+        raise UnknownStoreError(f"store {store!r} is a {definition.kind.value} store, not {kind.value}")
+    return definition
+
+
+class LocalPartitions:
+    """Read the partition databases this node hosts, as told; report positions and lags."""
+
+    def __init__(
+        self,
+        app: App,
+        partitions: Mapping[str, Mapping[int, PartitionStores]],
+        *,
+        node_id: str = "node-0",
+        url: str = "http://127.0.0.1:8000",
+        end_offset: EndOffset | None = None,
+        state: Callable[[], str] | None = None,
+        role: Callable[[str, int], str] | None = None,
+        pipeline: Callable[[], PipelineInfo | None] | None = None,
+        stall_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+        owner: Callable[[LocalPartitions], OwnerFieldCalls] | None = None,
+    ) -> None:
+        """Args (beyond the module's docstring): owner makes the runner of the app's owner-side fields over
+        these partitions (``app.owner.runner.OwnerFieldRunner``; None: this node runs none)."""
+        self.app = app
+        self.partitions = partitions
+        self.node_id = node_id
+        self.url = url
+        self._end_offset = end_offset or (lambda topic, partition: None)
+        self._state = state or (lambda: "RUNNING")
+        self._role = role or (lambda topic, partition: "active")
+        self._pipeline = pipeline or (lambda: None)
+        self.stall_timeout_s = stall_timeout_s
+        self._clock = clock
+        self._owner = owner
+
+    # -- what this node hosts -----------------------------------------------------------------------
+
+    def node(self) -> NodeInfo:
+        """Return this node with the role, state and lag of every partition it hosts."""
+        infos = []
+        now = self._clock()
+        for topic, hosted in sorted(self.partitions.items()):
+            for p, stores in sorted(hosted.items()):
+                db = stores.db
+                applied = db.next_offset()
+                end = max(self._end_offset(topic, p) or 0, applied)
+                since = max(now - db.applied_at, 0.0)
+                stalled = self.stall_timeout_s is not None and end > applied and since > self.stall_timeout_s
+                infos.append(
+                    PartitionInfo(topic, p, self._role(topic, p), db.state.value, applied, end, since, stalled)
+                )
+        return NodeInfo(self.node_id, self.url, self._state(), tuple(infos), self._pipeline())
+
+    def replica(self, topic: str, partition: int) -> tuple[str, int | None] | None:
+        """Return the state and lag of this node's copy of topic-partition (None: not hosted)."""
+        stores = self.partitions.get(topic, {}).get(partition)
+        if stores is None:
+            return None
+        return stores.db.state.value, self._lag(topic, partition, stores.db.next_offset())
+
+    def _lag(self, topic: str, partition: int, applied: int) -> int | None:
+        end = self._end_offset(topic, partition)
+        return None if end is None else max(end - applied, 0)
+
+    def _hosted(self, definition: StoreDefinition, partition: int) -> PartitionStores:
+        stores = self.partitions.get(definition.topic, {}).get(partition)
+        if stores is None:
+            raise StoreMigratedError(f"partition {definition.topic}-{partition} is not hosted by {self.node_id}")
+        if stores.db.state is not PartitionState.RUNNING:
+            state = stores.db.state.value
+            raise StoreNotReadyError(
+                f"partition {definition.topic}-{partition} is {state} on {self.node_id}", state=state
+            )
+        return stores
+
+    def _positions(
+        self, definition: StoreDefinition, partitions: Sequence[int]
+    ) -> tuple[dict[int, PartitionStores | StoreError], dict[int, int], dict[int, int]]:
+        """Return the stores of each partition (or why it cannot be read), positions and lags, before any data."""
+        stores: dict[int, PartitionStores | StoreError] = {}
+        positions: dict[int, int] = {}
+        lags: dict[int, int] = {}
+        for p in partitions:
+            try:
+                found = stores[p] = self._hosted(definition, p)
+            except StoreError as exc:
+                stores[p] = exc
+                continue
+            positions[p] = found.db.next_offset()
+            lag = self._lag(definition.topic, p, positions[p])
+            if lag is not None:
+                lags[p] = lag
+        return stores, positions, lags
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    def read_states(self, store: str, reads: Sequence[Read]) -> Answer[list[Any]]:
+        """Return each read's state combined over its partitions (an exception in place of a failed one)."""
+        definition = definition_of(self.app, store)
+        results: list[Any] = [None] * len(reads)
+        by_partitions: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        last: Sequence[int] | None = None
+        bucket: list[int] = []
+        for i, (_, partitions) in enumerate(reads):
+            if partitions != last:  # a caller's reads of one batch come in a row, with the same partitions
+                bucket, last = by_partitions[tuple(sorted(partitions))], partitions
+            bucket.append(i)
+        combine = combiner(definition)
+        positions: dict[int, int] = {}
+        lags: dict[int, int] = {}
+        for partitions, indexes in by_partitions.items():
+            stores, read_at, lagging = self._positions(definition, partitions)
+            failed = next((e for e in stores.values() if isinstance(e, StoreError)), None)
+            if failed is not None:
+                for i in indexes:
+                    results[i] = failed
+                continue
+            positions |= read_at
+            lags |= lagging
+            requests = [reads[i][0] for i in indexes]
+            merged: list[Any] | None = None
+            for p in partitions:
+                values = self._read(cast("PartitionStores", stores[p]), definition, requests)
+                merged = values if merged is None else [combine(a, b) for a, b in zip(merged, values, strict=True)]
+            for i, value in zip(indexes, merged or [None] * len(indexes), strict=True):
+                results[i] = value
+        return Answer(results, positions, lags)
+
+    def _read(self, stores: PartitionStores, definition: StoreDefinition, requests: list[Request]) -> list[Any]:
+        name = definition.name
+        keys = [r[0] for r in requests]
+        if definition.kind is StoreKind.KEY_VALUE:
+            return stores.kv(name).multi_get(keys, states=True)
+        if definition.kind is StoreKind.BLOOM:
+            return list(stores.bloom(name).might_contain_many(keys))
+        view = stores.window(name)
+        return [
+            view.fetch(k, FAR_PAST if lo is None else lo, FAR_FUTURE if hi is None else hi, states=True)
+            for k, lo, hi in requests
+        ]
+
+    def scan_pages(
+        self, store: str, scan: Scan, positions: Mapping[int, str | None], first: int, partitions: Sequence[int]
+    ) -> Answer[dict[int, Page[Any] | StoreError]]:
+        """Return one page of states per given partition, each resumed at its position (or why it failed)."""
+        definition = definition_of(self.app, store)
+        stores, read_at, lags = self._positions(definition, partitions)
+        pages: dict[int, Page[Any] | StoreError] = {}
+        for p, found in stores.items():
+            try:
+                pages[p] = (
+                    found
+                    if isinstance(found, StoreError)
+                    else self._page(found, definition, scan, first, positions.get(p))
+                )
+            except StoreError as exc:
+                pages[p] = exc
+        return Answer(pages, read_at, lags)
+
+    def _page(
+        self, stores: PartitionStores, definition: StoreDefinition, scan: Scan, first: int, after: str | None
+    ) -> Page[Any]:
+        a, name = scan.args, definition.name
+        if scan.kind == "range":
+            return stores.kv(name).range(a.get("from_key"), a.get("to_key"), first, after, states=True)
+        if scan.kind == "prefix":
+            return stores.kv(name).prefix(a["prefix"], first, after, states=True)
+        if scan.kind == "top":
+            return stores.ranking(name).top(a.get("group"), first, after)
+        window = stores.window(name)
+        lo, hi = a.get("time_from", FAR_PAST), a.get("time_to", FAR_FUTURE)
+        if scan.kind == "fetch_all":
+            return window.fetch_all(lo, hi, first, after, states=True)
+        return window.fetch_range(a.get("from_key"), a.get("to_key"), lo, hi, first, after, states=True)
+
+    def count(self, store: str, partitions: Sequence[int], exact: bool = True) -> Answer[dict[int, int | StoreError]]:
+        """Return the entries in the given partitions: exact for key-value and window stores, else estimates.
+
+        exact=False: RocksDB's estimate (fast; grows with updates). A bloom store's count is always its
+        filters' estimate: an exact count would need the keys.
+        """
+        definition = definition_of(self.app, store)
+        stores, read_at, lags = self._positions(definition, partitions)
+        counts: dict[int, int | StoreError] = {}
+        for p, found in stores.items():
+            try:
+                counts[p] = found if isinstance(found, StoreError) else self._count(found, definition, exact)
+            except StoreError as exc:
+                counts[p] = exc
+        return Answer(counts, read_at, lags)
+
+    def _count(self, stores: PartitionStores, definition: StoreDefinition, exact: bool) -> int:
+        name = definition.name
+        if definition.kind is StoreKind.BLOOM:
+            return stores.bloom(name).approximate_count()
+        if definition.kind is StoreKind.KEY_VALUE:
+            return stores.kv(name).count() if exact else stores.kv(name).approximate_num_entries()
+        if definition.kind is StoreKind.RANKING:
+            return stores.ranking(name).count()
+        if exact:
+            return stores.window(name).count()
+        return stores.db.family(name).property_int_value("rocksdb.estimate-num-keys") or 0
+
+    # -- owner-side fields ----------------------------------------------------------------------------
+
+    @cached_property
+    def owner_fields(self) -> OwnerFieldCalls:
+        """Return the runner of the app's owner-side fields over these partitions (made on first use)."""
+        if self._owner is None:
+            raise ApiError("this node's partitions run no owner-side fields", INTERNAL)
+        return self._owner(self)
+
+    async def call(
+        self, field: str, calls: Sequence[tuple[Key, tuple[int, ...]]], caller: Principal = ANONYMOUS
+    ) -> Answer[list[Any]]:
+        """Return an owner-side field's value per (key, partitions), run on this node for caller."""
+        return await self.owner_fields.call(field, calls, caller)
