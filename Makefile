@@ -11,8 +11,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,demo]'
+# Apache Kafka's jars and Spark's Kafka connector come from Maven Central (mvn, checksums checked against
+# streaming/kafka/*.lock), cached under ~/.cache/iqgraph: a second install downloads nothing.
+$(STAMP): pyproject.toml streaming/kafka/pom.xml streaming/kafka/spark-kafka-pom.xml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/python -m iqgraph.streaming.apache_kafka fetch
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -49,6 +49,9 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
         help="a Spark setting for the node's session, e.g. spark.executor.memory=2g (repeat for more)",
     )
     parser.add_argument("--max-records-per-batch", type=int, help="records per micro-batch at most")
+    parser.add_argument(
+        "--kafka-source", choices=["kafka", "iqkafka"], help="Spark's Kafka connector (default) or the Python source"
+    )
     parser.add_argument("--max-keys", type=int, help="keys per getMany at most (default 1000)")
     parser.add_argument("--max-page-size", type=int, help="page size at most (default 1000)")
     parser.add_argument("--max-aliases", type=int, help="aliased fields per document at most (default 100)")
@@ -109,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     _dev_flags(demo)
     schema = commands.add_parser("schema", help="print the GraphQL SDL of an app (for codegen)")
     schema.add_argument("--app", required=True, help="package.module:attribute")
+    broker = commands.add_parser("broker", help="run a throwaway Apache Kafka broker with an app's topics")
+    broker.add_argument("--app", help="package.module:attribute whose topics to create (default: none)")
+    broker.add_argument("--port", type=int, default=9092, help="the broker's port on 127.0.0.1 (default 9092)")
+    broker.add_argument("--data-dir", type=Path, help="keep the broker's data here (default: deleted at the end)")
     produce = commands.add_parser("produce", help="produce a JSON-lines file, or an app's generated events")
     produce.add_argument("--app", required=True, help="package.module:attribute")
     produce.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the app's)")
@@ -117,7 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--rate", type=_positive, help="events per second (default: as fast as possible)")
     produce.add_argument("--seed", type=int, default=1, help="generator seed (same seed, same events)")
     produce.add_argument("--start-ms", type=int, help="event time of the first event (default: now)")
-    produce.add_argument("--one-record-per-request", action="store_true", help="needed by the embedded (Tansu) broker")
     return parser
 
 
@@ -175,6 +181,10 @@ def _run(args: argparse.Namespace) -> int:
         from iqgraph.app.http.server import print_schema
 
         return print_schema(load_app(args.app))
+    if args.command == "broker":
+        from iqgraph.app.dev.broker import run_broker
+
+        return run_broker(load_app(args.app) if args.app else None, args.port, args.data_dir)
     return _produce(args)
 
 
@@ -186,11 +196,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from iqgraph.app.dev.producer import ONE_RECORD_PER_REQUEST, produce_events, producer_config
+    from iqgraph.app.dev.producer import produce_events, producer_config
 
     app = load_app(args.app)
-    extra = ONE_RECORD_PER_REQUEST if args.one_record_per_request else None
-    config = producer_config(app, args.bootstrap_servers or app.kafka.bootstrap_servers, extra)
+    config = producer_config(app, args.bootstrap_servers or app.kafka.bootstrap_servers)
     if args.file is not None:
         return _produce_file(app, config, args.file)
     if app.generator is None:
@@ -241,8 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _node_errors() -> tuple[type[BaseException], ...]:
+    from iqgraph.app.cluster.topics import TopicCreationError
     from iqgraph.app.dev.run import DevError
-    from iqgraph.app.dev.topics import TopicCreationError
     from iqgraph.app.node import NodeStartError
     from iqgraph.streaming.broker import BrokerError
 

@@ -29,7 +29,7 @@ from iqgraph.app.cluster.membership import (
 from iqgraph.app.cluster.peers import PeerClient
 from iqgraph.app.cluster.replicas import PeerStates
 from iqgraph.app.cluster.topic_watch import TopicWatch
-from iqgraph.app.dev.topics import TopicCreationError, create_topics
+from iqgraph.app.cluster.topics import TopicCreationError, create_topics
 from iqgraph.app.live.watch import Live
 from iqgraph.app.metrics import NodeMetrics
 from iqgraph.app.owner.calls import call_many
@@ -325,6 +325,7 @@ class Node:
             driver_memory=self.settings.driver_memory,
             app_name=f"iqgraph-{self.app.name}-{self.settings.node_id}",
             extra_conf=self.settings.spark_conf,
+            kafka_connector=self.settings.kafka_source == "kafka",
         )
         if not self.settings.spark_master.startswith("local") and self.settings.app:
             ship_module(spark, self.settings.app.partition(":")[0])  # the user's functions, for the executors
@@ -335,6 +336,7 @@ class Node:
             self.bootstrap_servers,
             kafka_config={**self.app.kafka.config, **self.settings.kafka},
             max_records_per_batch=self.settings.max_records_per_batch,
+            source=self.settings.kafka_source,
         )
 
     def ready(self, info: NodeInfo | None = None) -> bool:

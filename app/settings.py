@@ -53,6 +53,7 @@ class Settings:
     driver_memory: str = "1g"
     shuffle_partitions: int = 2
     max_records_per_batch: int = 200_000
+    kafka_source: str = "kafka"  # Spark's connector; "iqkafka": the Python Data Source (streaming.kafka_source)
     max_keys: int = 1_000
     max_page_size: int = 1_000
     default_page_size: int = 100
@@ -110,6 +111,11 @@ class Settings:
         for name in (*positive, "stall_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive (--{name.replace('_', '-')})")
+        if self.kafka_source not in ("kafka", "iqkafka"):
+            raise SettingsError(
+                f"kafka_source must be 'kafka' (Spark's connector) or 'iqkafka' (the Python source), "
+                f"not {self.kafka_source!r} (--kafka-source)"
+            )
         if self.membership not in ("static", "kafka"):
             raise SettingsError(f"membership must be 'static' or 'kafka', not {self.membership!r} (--membership)")
         if self.standbys < 0 or (self.max_lag is not None and self.max_lag < 0):

@@ -63,7 +63,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from iqgraph.examples.shop import CUSTOMERS, generate_orders  # noqa: E402
-from iqgraph.streaming.broker import EmbeddedBroker, produce  # noqa: E402
+from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
+from iqgraph.streaming.broker import produce  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
 from tests.app.cluster_nodes import NodeProcess, Scrape, start_nodes, wait_ready, write_app_module  # noqa: E402
 
@@ -510,7 +511,7 @@ def measure(args: argparse.Namespace, nodes: list[NodeProcess], truth: Counter[s
 def main() -> None:
     args = parse_args()
     topic = f"orders-{uuid.uuid4().hex[:8]}"
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-cluster-") as tmp:
+    with KafkaBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-cluster-") as tmp:
         broker.create_topics({topic: PARTITIONS})
         counts = produce_orders(broker.bootstrap_servers, topic, args.events)
         print(f"produced {args.events:,} orders; starting {NODES} nodes", flush=True)

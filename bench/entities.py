@@ -79,7 +79,8 @@ sys.path.insert(0, str(ROOT))
 from bench.cluster import machine, percentile  # noqa: E402 - the cluster bench's figures, shared
 from iqgraph.examples.customers import CUSTOMERS, build_app  # noqa: E402
 from iqgraph.examples.shop import _iso  # noqa: E402
-from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce  # noqa: E402
+from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
+from iqgraph.streaming.broker import free_port, produce  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
 from tests.app.cluster_nodes import NodeProcess, Scrape, start_node, start_nodes, wait_ready  # noqa: E402
 
@@ -646,7 +647,7 @@ def main() -> None:
     tag = uuid.uuid4().hex[:8]
     orders, customers = f"orders-{tag}", f"customers-{tag}"
     setups: dict[str, Any] = {}
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-entities-") as tmp:
+    with KafkaBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-entities-") as tmp:
         broker.create_topics({orders: PARTITIONS, customers: PARTITIONS})
         truth = produce_events(broker.bootstrap_servers, orders, customers, args.events)
         print(f"produced {CUSTOMERS + args.events:,} events ({truth.orders:,} orders)", flush=True)

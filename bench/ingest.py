@@ -1,26 +1,29 @@
-"""Ingest throughput and produce → visible latency of one node, on the embedded broker and the shop example.
+"""Ingest throughput and produce → visible latency of one node, on Apache Kafka and the shop example.
 
-One run, five steps, all on this machine:
+One run, all on this machine, against one embedded Apache Kafka broker (``streaming.apache_kafka.KafkaBroker``):
 
-1. produce ``--events`` generated shop orders into a 6-partition topic of an embedded Tansu broker, from
-   ``--producers`` processes in parallel (Tansu takes one record per request, ~5k records/s per producer);
+1. produce ``--events`` generated shop orders into a 6-partition topic, from ``--producers`` processes in
+   parallel, with ordinary batching;
 2. raw consume: a plain confluent-kafka Consumer assigned every partition from offset 0 reads them all in
-   bulk, the ceiling on the Kafka side (records/s); again with larger fetches, which Tansu serves faster;
-3. ingest: a StreamRunner over the 6 partitions, from empty stores, until every partition has applied
-   everything: events/s over the whole run (Spark and Python worker warm-up included), and without the first
-   batch (rows / ``triggerExecution`` of the later batches, from the streaming query's progress);
-4. latency under light load: with the runner caught up (trigger ``--trigger``), one order at a time at
-   ``--rate`` per second for ``--seconds``, each with a customer key of its own, the store polled until the
-   key's order count is visible: p50 and p99 in ms;
-5. a summary, and as the last line one JSON object with every figure.
+   bulk, the ceiling on the Kafka side (records/s); again with larger fetches;
+3. for each source of ``--source`` (default both, in one run on the same topic and Spark session: Spark's own
+   Kafka connector ``kafka``, then the ``iqkafka`` Python Data Source), from empty stores:
+   a. ingest: a StreamRunner over the 6 partitions until every partition has applied everything: events/s
+      over the whole run (Spark and Python worker warm-up included), and without the first batch (rows /
+      ``triggerExecution`` of the later batches, from the streaming query's progress);
+   b. latency under light load: with the runner caught up (trigger ``--trigger``), one order at a time at
+      ``--rate`` per second for ``--seconds``, each with a customer key of its own, the store polled until the
+      key's order count is visible: p50 and p99 in ms;
+4. a summary, and as the last line one JSON object with every figure.
 
-CPU seconds of the node (this process, the Spark JVM and its Python workers) and of the broker are reported
-for the ingest and latency steps: on a shared machine they move less than wall time does.
+CPU seconds of the node (this process, the Spark JVM and its Python workers) and of the broker (its JVM) are
+reported for the ingest and latency steps: on a shared machine they move less than wall time does.
 
 Targets (printed, not asserted; the ingest-speed issue): steady ingest ≥ 0.5 of the raw consume rate,
 produce → visible p50 ≤ 500 ms and p99 ≤ 1 s at light load.
 
-Usage: ``make bench-ingest`` or ``.venv/bin/python bench/ingest.py [--events N] [--max-records-per-batch M]``.
+Usage: ``make bench-ingest`` or ``.venv/bin/python bench/ingest.py [--events N] [--max-records-per-batch M]
+[--source kafka,iqkafka]``.
 Run it from the repository root: Spark's Python workers import ``streaming`` from the working directory.
 """
 
@@ -52,12 +55,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from iqgraph.examples.shop import build_app, generate_orders  # noqa: E402
 from iqgraph.stores import StateDirectory  # noqa: E402
-from iqgraph.streaming.broker import JAVA_PARTITIONER, ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce  # noqa: E402
+from iqgraph.streaming.apache_kafka import KafkaBroker, ensure_kafka_jars  # noqa: E402
+from iqgraph.streaming.broker import JAVA_PARTITIONER, produce  # noqa: E402
 from iqgraph.streaming.definitions import App  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner  # noqa: E402
 from iqgraph.streaming.session import build_spark_session  # noqa: E402
-from tests.spark_cluster import StandaloneCluster  # noqa: E402
+from tests.support.spark_cluster import StandaloneCluster  # noqa: E402
 
 PARTITIONS = 6
 SEED = 11
@@ -68,7 +72,7 @@ TARGET_P50_MS = 500.0
 TARGET_P99_MS = 1000.0
 #: Parts of a micro-batch's triggerExecution in the query's progress (addBatch holds our sink).
 DURATIONS = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets")
-#: Fetch settings under which Tansu serves a consumer several times faster than librdkafka's defaults do.
+#: Larger fetches than librdkafka's defaults.
 LARGE_FETCHES = {"max.partition.fetch.bytes": 16 << 20, "fetch.max.bytes": 64 << 20}
 
 log = logging.getLogger("bench.ingest")
@@ -88,6 +92,10 @@ def _proc_stat(pid: int) -> tuple[int, str, float] | None:
     return int(rest[1]), name, ticks / os.sysconf("SC_CLK_TCK")
 
 
+#: The embedded broker's JVM, whose CPU time is counted apart from the node's (set once it runs).
+BROKER_PID: int | None = None
+
+
 def cpu_seconds() -> dict[str, float]:
     """Return the CPU seconds used so far by this process tree: the broker apart, the node (the rest)."""
     if not Path("/proc/self/stat").exists():
@@ -99,7 +107,7 @@ def cpu_seconds() -> dict[str, float]:
     totals, pending = {"node": 0.0, "broker": 0.0}, [(os.getpid(), "node")]
     while pending:
         pid, part = pending.pop()
-        part = "broker" if stats[pid][1] == "tansu" else part
+        part = "broker" if pid == BROKER_PID else part
         totals[part] += stats[pid][2]
         pending.extend((child, part) for child in children.get(pid, []) if child in stats)
     return totals
@@ -241,8 +249,9 @@ class Ingest:
         return sum(b.rows for b in later) / (took / 1000) if later and took else None
 
 
-def ingest(runner: StreamRunner, topic: str, events: int, sink: SinkTimes, timeout: float) -> Ingest:
-    """Start the runner over every partition and wait until it has applied every event."""
+def ingest(runner: StreamRunner, topic: str, sink: SinkTimes, timeout: float) -> Ingest:
+    """Start the runner over every partition and wait until it has applied every event in the topic."""
+    events = sum(runner.offsets(topic).latest(range(PARTITIONS)).values())  # also an earlier source's latency orders
     cpu = cpu_seconds()
     started = time.perf_counter()
     runner.start({topic: range(PARTITIONS)})
@@ -274,7 +283,7 @@ def measure_latency(
     """Produce orders at rate per second; return ms from produce() until each key's count is visible."""
     topic = app.topics[0]
     views = {p: s.kv("order_count") for p, s in runner.partitions[topic.name].items()}
-    producer = Producer({**JAVA_PARTITIONER, **ONE_RECORD_PER_REQUEST, "bootstrap.servers": bootstrap})
+    producer = Producer({**JAVA_PARTITIONER, "linger.ms": 0, "bootstrap.servers": bootstrap})  # sent at once
     errors: list[KafkaError] = []
 
     def on_delivery(error: KafkaError | None, _message: Message) -> None:
@@ -373,16 +382,11 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def summary(args: argparse.Namespace, kafka: dict[str, float], run: Ingest, light: Latency) -> dict[str, Any]:
-    """Return every figure of the run as one JSON-able object."""
-    raw, steady = kafka["raw_consume_rate"], run.steady_rate
+def source_summary(run: Ingest, light: Latency, raw: float) -> dict[str, Any]:
+    """Return the figures of one source's ingest and latency steps, JSON-able."""
+    steady = run.steady_rate
     return {
-        "events": args.events,
-        "partitions": PARTITIONS,
-        "max_records_per_batch": args.max_records_per_batch,
-        "trigger": args.trigger,
-        "master": args.master,
-        **{k: round(v) for k, v in kafka.items()},
+        "ingest_events": run.events,
         "ingest_events_per_s": round(run.rate),
         "ingest_events_per_s_excl_first": None if steady is None else round(steady),
         "ratio_ingest_raw": None if steady is None else round(steady / raw, 3),
@@ -391,6 +395,23 @@ def summary(args: argparse.Namespace, kafka: dict[str, float], run: Ingest, ligh
         "ingest_cpu_s": run.cpu,
         **light.summary(),
         "batches": [b.summary() for b in run.batches],
+    }
+
+
+def summary(
+    args: argparse.Namespace, kafka: dict[str, float], runs: dict[str, tuple[Ingest, Latency]]
+) -> dict[str, Any]:
+    """Return every figure of the run as one JSON-able object (per source under "sources")."""
+    raw = kafka["raw_consume_rate"]
+    return {
+        "broker": "Apache Kafka",
+        "events": args.events,
+        "partitions": PARTITIONS,
+        "max_records_per_batch": args.max_records_per_batch,
+        "trigger": args.trigger,
+        "master": args.master,
+        **{k: round(v) for k, v in kafka.items()},
+        "sources": {name: source_summary(run, light, raw) for name, (run, light) in runs.items()},
         "targets": {
             "events_per_s": TARGET_EVENTS_PER_S,
             "ratio_raw": TARGET_RAW_RATIO,
@@ -414,24 +435,29 @@ def print_batches(batches: list[Batch]) -> None:
 def report(figures: dict[str, Any], producers: int) -> None:
     """Print the human-readable summary of figures (a summary() result)."""
     f = figures
-    ratio, p50 = f["ratio_ingest_raw"], f["latency_p50_ms"]
-    print(f"ingest bench: {f['events']:,} shop orders, {PARTITIONS} partitions, {f['machine']}")
-    print(f"produce      {f['produce_rate']:>10,} records/s  ({producers} producer processes, one record per request)")
+    print(f"ingest bench on Apache Kafka: {f['events']:,} shop orders, {PARTITIONS} partitions, {f['machine']}")
+    print(f"produce      {f['produce_rate']:>10,} records/s  ({producers} producer processes, batched)")
     print(f"raw consume  {f['raw_consume_rate']:>10,} records/s  (one confluent-kafka Consumer, default fetches)")
     print(f"raw consume  {f['raw_consume_rate_large_fetches']:>10,} records/s  (the same, {LARGE_FETCHES})")
-    print(f"ingest       {f['ingest_events_per_s']:>10,} events/s   ({f['ingest_seconds']} s, first batch included)")
-    print(f"ingest       {_fmt(f['ingest_events_per_s_excl_first']):>10} events/s   (first batch excluded)")
-    print(
-        f"             target ≥ {TARGET_EVENTS_PER_S:,} events/s; ingest / raw consume {_fmt(ratio, '.3f')}, ", end=""
-    )
-    print(f"target ≥ {TARGET_RAW_RATIO}; CPU s {f['ingest_cpu_s']}")
-    print(
-        f"visible      p50 {_fmt(p50, ',.0f')} ms, p99 {_fmt(f['latency_p99_ms'], ',.0f')} ms "
-        f"({f['latency_samples']} orders at {f['latency_rate_per_s']:g}/s), "
-        f"target p50 ≤ {TARGET_P50_MS:.0f} ms, p99 ≤ {TARGET_P99_MS:.0f} ms; "
-        f"CPU s {f['latency_cpu_s']}"
-    )
-    print(f"             batches under light load (medians): {f['latency_batches']}")
+    for name, s in f["sources"].items():
+        ratio, p50 = s["ratio_ingest_raw"], s["latency_p50_ms"]
+        print(f"source {name}:")
+        print(
+            f"  ingest     {s['ingest_events_per_s']:>10,} events/s   ({s['ingest_seconds']} s, first batch included)"
+        )
+        print(f"  ingest     {_fmt(s['ingest_events_per_s_excl_first']):>10} events/s   (first batch excluded)")
+        print(
+            f"             target ≥ {TARGET_EVENTS_PER_S:,} events/s; ingest / raw consume {_fmt(ratio, '.3f')}, ",
+            end="",
+        )
+        print(f"target ≥ {TARGET_RAW_RATIO}; CPU s {s['ingest_cpu_s']}")
+        print(
+            f"  visible    p50 {_fmt(p50, ',.0f')} ms, p99 {_fmt(s['latency_p99_ms'], ',.0f')} ms "
+            f"({s['latency_samples']} orders at {s['latency_rate_per_s']:g}/s), "
+            f"target p50 ≤ {TARGET_P50_MS:.0f} ms, p99 ≤ {TARGET_P99_MS:.0f} ms; "
+            f"CPU s {s['latency_cpu_s']}"
+        )
+        print(f"             batches under light load (medians): {s['latency_batches']}")
 
 
 # -- the run ---------------------------------------------------------------------------------------------
@@ -442,7 +468,13 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000, help="events to produce and ingest")
     parser.add_argument("--max-records-per-batch", type=int, default=20_000)
-    parser.add_argument("--producers", type=int, default=4, help="producer processes (Tansu: ~5k records/s each)")
+    parser.add_argument("--producers", type=int, default=2, help="producer processes")
+    parser.add_argument(
+        "--source",
+        default="kafka,iqkafka",
+        help="the Kafka sources to measure in this run, in order, comma-separated: kafka (Spark's connector), "
+        "iqkafka (the Python Data Source)",
+    )
     parser.add_argument("--master", default="local[*]")
     parser.add_argument(
         "--standalone",
@@ -458,6 +490,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=600.0, help="ingest timeout (s)")
     parser.add_argument("--verbose", action="store_true", help="print the sink's per-batch log lines")
     args = parser.parse_args()
+    args.sources = [name.strip() for name in args.source.split(",") if name.strip()]
+    for name in args.sources:
+        RunnerSettings("-", source=name)  # a ValueError names the sources there are
     args.started, args.load_at_start = time.perf_counter(), round(os.getloadavg()[0], 2)
     return args
 
@@ -485,16 +520,40 @@ def standalone_cluster(home: Path) -> Iterator[StandaloneCluster]:
         cluster.stop()
 
 
+def run_source(
+    source: str, app: App, spark: Any, state: Path, args: argparse.Namespace, bootstrap: str, sink: SinkTimes
+) -> tuple[Ingest, Latency]:
+    """Ingest the topic from empty stores with one source, then measure latency under light load."""
+    settings = RunnerSettings(
+        bootstrap,
+        kafka_config=dict(item.split("=", 1) for item in args.kafka),
+        max_records_per_batch=args.max_records_per_batch,
+        trigger_interval=args.trigger,
+        source=source,
+    )
+    sink.batches.clear()  # batch ids start again at 0 with each query
+    runner = StreamRunner(app, spark, StateDirectory(state, app.name), settings)
+    try:
+        run = ingest(runner, app.topics[0].name, sink, args.timeout)
+        light = light_load(runner, app, bootstrap, args, sink)
+    finally:
+        runner.stop()
+    return run, light
+
+
 def main() -> None:
+    global BROKER_PID  # noqa: PLW0603 - set once, read by cpu_seconds
     args = parse_args()
     sink_times = setup_logging(args.verbose)
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     app = build_app(topic, partitions=PARTITIONS)
+    ensure_kafka_jars()
     with (
-        EmbeddedBroker() as broker,
+        KafkaBroker() as broker,
         tempfile.TemporaryDirectory(prefix="iqgraph-bench-") as tmp,
         contextlib.ExitStack() as stack,
     ):
+        BROKER_PID = broker.pid
         broker.create_topics({topic: PARTITIONS})
         bootstrap = broker.bootstrap_servers
         kafka = {"produce_rate": args.events / produce_events(bootstrap, topic, args.events, args.producers)}
@@ -508,22 +567,18 @@ def main() -> None:
             args.master = cluster.url
             conf = {"spark.driver.host": "127.0.0.1", "spark.executor.memory": "1g", "spark.cores.max": "2", **conf}
         spark = build_spark_session(args.master, shuffle_partitions=args.shuffle_partitions, extra_conf=conf)
-        settings = RunnerSettings(
-            bootstrap,
-            kafka_config=dict(item.split("=", 1) for item in args.kafka),
-            max_records_per_batch=args.max_records_per_batch,
-            trigger_interval=args.trigger,
-        )
-        runner = StreamRunner(app, spark, StateDirectory(Path(tmp) / "state", app.name), settings)
         try:
-            run = ingest(runner, topic, args.events, sink_times, args.timeout)
-            light = light_load(runner, app, bootstrap, args, sink_times)
+            runs = {
+                source: run_source(source, app, spark, Path(tmp) / f"state-{source}", args, bootstrap, sink_times)
+                for source in args.sources
+            }
         finally:
-            runner.stop()
             spark.stop()
-    figures = summary(args, kafka, run, light)
+    figures = summary(args, kafka, runs)
     report(figures, args.producers)
-    print_batches(run.batches)
+    for source, (run, _) in runs.items():
+        print(f"batches of source {source}:")
+        print_batches(run.batches)
     print(json.dumps(figures, separators=(",", ":")))
 
 

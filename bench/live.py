@@ -57,7 +57,8 @@ sys.path.insert(0, str(ROOT))
 from bench.cluster import Client, latency, machine, produce_orders  # noqa: E402 - the cluster bench's helpers
 from bench.entities import _terminated, cpu_ms, log_tail, stop_nodes  # noqa: E402 - the entities bench's
 from iqgraph.examples.shop import generate_orders  # noqa: E402
-from iqgraph.streaming.broker import JAVA_PARTITIONER, ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce  # noqa: E402
+from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
+from iqgraph.streaming.broker import BATCHING, JAVA_PARTITIONER, produce  # noqa: E402
 from tests.app.cluster_nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
 
 PARTITIONS = 6
@@ -155,7 +156,7 @@ def first_at_least(seen: list[tuple[float, int]], count: int) -> float | None:
 
 def produce_samples(bootstrap: str, topic: str, keys: Sequence[str], samples: int, gap_s: float) -> list[Any]:
     """Produce samples orders round-robin on keys, gap_s apart; return (key, its new count, time before produce)."""
-    producer = Producer({**JAVA_PARTITIONER, **ONE_RECORD_PER_REQUEST, "bootstrap.servers": bootstrap})
+    producer = Producer({**JAVA_PARTITIONER, **BATCHING, "bootstrap.servers": bootstrap})
     counts: Counter[str] = Counter()
     produced = []
     for n in range(samples):
@@ -397,7 +398,7 @@ def main() -> None:
     args = parse_args()
     signal.signal(signal.SIGTERM, _terminated)
     topic = f"orders-{uuid.uuid4().hex[:8]}"
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-live-") as tmp:
+    with KafkaBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-live-") as tmp:
         bootstrap = broker.bootstrap_servers
         broker.create_topics({topic: PARTITIONS})
         counts = produce_orders(bootstrap, topic, args.events)

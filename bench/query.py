@@ -57,7 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from iqgraph.examples.shop import generate_orders  # noqa: E402
-from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce  # noqa: E402
+from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
+from iqgraph.streaming.broker import free_port, produce  # noqa: E402
 
 PARTITIONS = 6
 SEED = 11
@@ -527,7 +528,7 @@ def main() -> None:
     args = parse_args()
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     events = orders(args.events)
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-query-") as tmp:
+    with KafkaBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-query-") as tmp:
         broker.create_topics({topic: PARTITIONS})
         took = produce_orders(broker.bootstrap_servers, topic, events)
         print(f"produced {len(events):,} orders in {took:.1f} s; starting the node", flush=True)

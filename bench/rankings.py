@@ -63,7 +63,8 @@ from bench.cluster import machine, percentile  # noqa: E402 - the cluster bench'
 from bench.entities import Client, _terminated, cpu_ms, log_tail, stop_nodes  # noqa: E402 - the entities bench's
 from iqgraph.examples.music import GENRES, build_app, catalogue  # noqa: E402
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory  # noqa: E402
-from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce  # noqa: E402
+from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
+from iqgraph.streaming.broker import free_port, produce  # noqa: E402
 from iqgraph.streaming.definitions import App, ranking_store  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
 from iqgraph.streaming.sink import PartitionBatch, StoreSink  # noqa: E402
@@ -377,7 +378,7 @@ def bench_queries(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     plays, songs = f"plays-{tag}", f"songs-{tag}"
     setups: dict[str, Any] = {}
-    with EmbeddedBroker() as broker:
+    with KafkaBroker() as broker:
         broker.create_topics({plays: PARTITIONS, songs: PARTITIONS})
         truth = produce_events(broker.bootstrap_servers, plays, songs, args.plays)
         print(f"produced {len(catalogue(SEED))} songs and {args.plays:,} plays", flush=True)

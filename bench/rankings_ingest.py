@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.cluster import machine  # noqa: E402
 from iqgraph.examples.music import build_app  # noqa: E402
 from iqgraph.stores import StateDirectory  # noqa: E402
-from iqgraph.streaming.broker import EmbeddedBroker, produce  # noqa: E402
+from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
+from iqgraph.streaming.broker import produce  # noqa: E402
 from iqgraph.streaming.definitions import App  # noqa: E402
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner  # noqa: E402
 from iqgraph.streaming.session import build_spark_session  # noqa: E402
@@ -74,7 +75,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each app (after one warm-up)")
     args = parser.parse_args()
     spark = build_spark_session("local[2]", shuffle_partitions=2)
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-rank-ingest-") as tmp:
+    with KafkaBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-rank-ingest-") as tmp:
         plays_topic, songs_topic = "plays", "songs"
         broker.create_topics({plays_topic: PARTITIONS, songs_topic: PARTITIONS})
         variants = apps(plays_topic, songs_topic)

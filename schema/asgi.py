@@ -17,12 +17,10 @@ refused: closed with 4403.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from cross_web import AsyncHTTPRequestAdapter, HTTPException, StarletteRequestAdapter
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -47,6 +45,7 @@ from iqgraph.schema.errors import GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILE
 from iqgraph.schema.graphiql import graphiql_html
 from iqgraph.schema.internal import answer_lookups, lookup_fields
 from iqgraph.schema.limits import Limits
+from iqgraph.schema.wire import encode_json
 
 if TYPE_CHECKING:
     import strawberry
@@ -71,14 +70,6 @@ def _sub_response(media_type: str | None) -> Response:
     del sub_response.headers["content-length"]
     sub_response.media_type = media_type
     return sub_response
-
-
-def encode_json(data: object) -> bytes:
-    """Return the JSON of a request or response body (orjson; json for what orjson refuses, e.g. huge ints)."""
-    try:
-        return orjson.dumps(data)
-    except TypeError:
-        return json.dumps(data, separators=(",", ":")).encode()
 
 
 def init_credentials(payload: Mapping[str, Any] | None) -> dict[str, str]:

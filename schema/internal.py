@@ -52,7 +52,8 @@ _TIME_ARGUMENTS = {"time_from", "time_to"}
 _LOOKUP_DOCUMENTS = {wire.lookups(n): n for n in range(1, wire.MAX_LOOKUPS + 1)}
 
 
-def _local(info: strawberry.Info) -> PeerQueries:
+def local_partitions(info: strawberry.Info) -> PeerQueries:
+    """Return the partitions of the node a peer's sub-request reads (only the internal schema has them)."""
     local = context(info).local
     if local is None:
         raise ApiError("this server does not answer forwarded sub-requests", BAD_REQUEST)
@@ -114,7 +115,7 @@ def internal_fields(limits: Limits) -> list[Field]:
         check_read(_principal(info), store)
         decoded = checked_reads(reads, limits)
         with store_errors():
-            return wire.encode_lookup(_local(info).read_states(store, decoded))  # type: ignore[return-value]
+            return wire.encode_lookup(local_partitions(info).read_states(store, decoded))  # type: ignore[return-value]
 
     def scan(
         root: Any, info: strawberry.Info, store: str, scan: JSON, positions: JSON, first: int, partitions: list[int]
@@ -123,7 +124,7 @@ def internal_fields(limits: Limits) -> list[Field]:
         kind = next((s.kind for s in context(info).queries.stores() if s.name == store), None)
         request, resume = _checked_scan(scan, positions, first, partitions, limits, kind)
         with store_errors():
-            answer = _local(info).scan_pages(store, request, resume, first, partitions)
+            answer = local_partitions(info).scan_pages(store, request, resume, first, partitions)
         return wire.encode_scan(answer)  # type: ignore[return-value]
 
     def count(root: Any, info: strawberry.Info, store: str, partitions: list[int], exact: bool = True) -> JSON:
@@ -131,7 +132,7 @@ def internal_fields(limits: Limits) -> list[Field]:
         if any(p < 0 for p in partitions):
             raise bad_request("partitions", "partitions are not negative")
         with store_errors():
-            return wire.encode_count(_local(info).count(store, partitions, exact))  # type: ignore[return-value]
+            return wire.encode_count(local_partitions(info).count(store, partitions, exact))  # type: ignore[return-value]
 
     store = Arg("store", "store", str, "The store's name.")
     parts = Arg("partitions", "partitions", list[int], "The partitions to read.")

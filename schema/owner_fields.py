@@ -34,7 +34,7 @@ from iqgraph.schema import wire
 from iqgraph.schema.access import check_read
 from iqgraph.schema.dynamic import Arg, Field, list_of, optional, resolved_field, resolver_with
 from iqgraph.schema.errors import SchemaDefinitionError, store_errors
-from iqgraph.schema.internal import _local, bad_request
+from iqgraph.schema.internal import bad_request, local_partitions
 from iqgraph.schema.keys import key_kind
 from iqgraph.schema.limits import Limits
 from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
@@ -164,7 +164,7 @@ def call_field(owner_fields: Sequence[OwnerFieldInfo], limits: Limits) -> Field:
         except (ValueError, TypeError) as exc:
             raise bad_request("keys", str(exc)) from None
         with store_errors():
-            answer = await _local(info).call(field, calls, context(info).principal)
+            answer = await local_partitions(info).call(field, calls, context(info).principal)
         return wire.encode_call_answer(answer)  # type: ignore[return-value]
 
     return resolved_field(

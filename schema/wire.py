@@ -19,21 +19,47 @@ module: the peer client (``app.cluster.peers``) and the internal fields.
                    "positions": …, "lags": …}  (a value is boxed: a struct value {"error": …} is not
                    mistaken for an error; found: the routing store holds the key in the partitions read —
                    an error without it is the replica's, e.g. a partition not ready)
+
+Live sources between nodes are signed POSTs answered with Server-Sent Events (``FOLLOW_PATH``: a relay's
+upstream, ``app.live.relay``; ``CHANGES_PATH``: a store's change counts), a comment every ``HEARTBEAT_S``;
+a failure is one ``error`` event, then the end of the stream:
+
+    follow request {"topic": t, "interest": {store: {"<p>": [key, …]}}, "after": {"<p>": offset},
+                    "windowFrom": {store: ms | null}, "standby": bool}
+    rows event     data: {"p": partition, "o": position, "s": snapshot, "l": lag | null,
+                          "r": [[store, key, window start | null, state, dropped], …]}
+    changes        request {"store": s}; event data: {"n": keys changed}
+    error event    data: {"error": {"message": …, "extensions": {"code": …}}}
+
+A node's health for its peers' poller is ``READY_PATH`` (``encode_ready``; its partitions in the names
+``decode_partition`` reads, the same as the node metadata's).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from iqgraph.schema.errors import INTERNAL, ApiError, api_error
+import orjson
+
+from iqgraph.schema.errors import BAD_REQUEST, INTERNAL, ApiError, api_error
 from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, PipelineInfo, Read
-from iqgraph.stores import IndexEntry, Page, WindowedValue
+from iqgraph.stores import IndexEntry, Key, Page, WindowedValue
 from iqgraph.streaming.owner_fields import OWNER_FIELD_MAX_TIMEOUT_S, PEER_ROUND_TRIP_S
 
 log = logging.getLogger(__name__)
+
+#: The peers' endpoints (signed: ``app.security.peer_auth``), and the health their poller reads.
+INTERNAL_PATH = "/internal/graphql"
+FOLLOW_PATH = "/internal/follow"
+CHANGES_PATH = "/internal/changes"
+READY_PATH = "/readyz"
+HEARTBEAT_S = 5.0  # a stream's comment when it has nothing to send: a follower notices a peer gone silent
+MAX_FOLLOW_KEYS = 100_000  # keys one follow request may name (a relay opens another stream past it)
 
 LOOKUP = """query($store: String!, $reads: JSON!) { _lookup(store: $store, reads: $reads) }"""
 SCAN = """query($store: String!, $scan: JSON!, $positions: JSON!, $first: Int!, $partitions: [Int!]!) {
@@ -308,3 +334,143 @@ def decode_node(data: Mapping[str, Any]) -> NodeInfo:
             pipeline["keepsDying"],
         ),
     )
+
+
+# -- live streams -------------------------------------------------------------------------------------------
+
+#: Per store, per partition, the keys followed.
+Interest = Mapping[str, Mapping[int, Sequence[Key]]]
+#: One key's state in one event: (store, key, window start or None, state, states conflated before it).
+Row = tuple[str, Key, int | None, Any, int]
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What a source sends of one partition: a snapshot read at position, or one batch's changes."""
+
+    partition: int
+    position: int  # the partition's position once these rows are applied (a batch's next offset)
+    rows: list[Row]
+    snapshot: bool
+    lag: int | None = None  # records the copy that read them is behind its partition's end (a standby's)
+
+
+def encode_follow(
+    topic: str, interest: Interest, after: Mapping[int, int], window_from: Mapping[str, int | None], standby: bool
+) -> bytes:
+    """Return the body of a follow request."""
+    return encode_json(
+        {
+            "topic": topic,
+            "interest": {s: {str(p): list(keys) for p, keys in ps.items()} for s, ps in interest.items()},
+            "after": {str(p): o for p, o in after.items()},
+            "windowFrom": dict(window_from),
+            "standby": standby,
+        }
+    )
+
+
+def decode_follow(body: bytes) -> tuple[str, Interest, dict[int, int], dict[str, int | None], bool]:
+    """Return a follow request's (topic, interest, after, window_from, standby); BAD_REQUEST if malformed."""
+    try:
+        data = orjson.loads(body)
+        topic, standby = data["topic"], data["standby"]
+        interest = {str(s): {int(p): list(keys) for p, keys in ps.items()} for s, ps in data["interest"].items()}
+        after = {int(p): int(o) for p, o in data["after"].items()}
+        window_from = {str(s): None if v is None else int(v) for s, v in data["windowFrom"].items()}
+        valid = isinstance(topic, str) and isinstance(standby, bool)
+        valid = valid and all(isinstance(k, str | int) for ps in interest.values() for ks in ps.values() for k in ks)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ApiError(f"not a follow request this API sends: {exc}", BAD_REQUEST) from None
+    if not valid or any(p < 0 for ps in interest.values() for p in ps) or any(o < 0 for o in after.values()):
+        raise ApiError("not a follow request this API sends", BAD_REQUEST)
+    return topic, interest, after, window_from, standby
+
+
+def encode_changes(store: str) -> bytes:
+    """Return the body of a changes request."""
+    return encode_json({"store": store})
+
+
+def decode_changes(body: bytes) -> str:
+    """Return the store a changes request names; BAD_REQUEST if malformed."""
+    try:
+        store = orjson.loads(body)["store"]
+    except (ValueError, TypeError, KeyError):
+        store = None
+    if not isinstance(store, str):
+        raise ApiError("not a changes request this API sends", BAD_REQUEST)
+    return store
+
+
+def encode_json(data: object) -> bytes:
+    """Return the JSON of a request or response body (orjson; json for what orjson refuses, e.g. huge ints)."""
+    try:
+        return orjson.dumps(data)
+    except TypeError:
+        return json.dumps(data, separators=(",", ":")).encode()
+
+
+def _event(data: Any) -> bytes:
+    return b"data: " + encode_json(data) + b"\n\n"
+
+
+def encode_rows(rows: Rows) -> bytes:
+    """Return one event of rows."""
+    return _event({"p": rows.partition, "o": rows.position, "s": rows.snapshot, "l": rows.lag, "r": rows.rows})
+
+
+def decode_rows(data: Mapping[str, Any]) -> Rows:
+    """Return the rows of one event's data."""
+    rows = [(r[0], r[1], r[2], r[3], r[4]) for r in data["r"]]
+    return Rows(data["p"], data["o"], rows, data["s"], data["l"])
+
+
+def encode_changed(n: int) -> bytes:
+    """Return one event of a changes stream: how many keys a batch changed."""
+    return _event({"n": n})
+
+
+def encode_failure(error: Exception) -> bytes:
+    """Return the event that ends a stream with error."""
+    return _event(encode_error(error))
+
+
+# -- a node's health ----------------------------------------------------------------------------------------
+
+
+def encode_ready(ready: bool, state: str, node_id: str, info: NodeInfo | None) -> dict[str, Any]:
+    """Return the body of READY_PATH: readiness, the node's state, its pipeline and its partitions."""
+    return {
+        "ready": ready,
+        "state": state,
+        "node": node_id,
+        "pipeline": None if info is None or info.pipeline is None else encode_pipeline(info.pipeline),
+        "partitions": [] if info is None else [encode_partition(p) for p in info.partitions],
+    }
+
+
+def encode_partition(p: PartitionInfo) -> dict[str, Any]:
+    """Return one hosted partition as READY_PATH shows it (``decode_partition``'s names)."""
+    return {
+        "topic": p.topic,
+        "partition": p.partition,
+        "role": p.role,
+        "state": p.state,
+        "appliedOffset": p.applied_offset,
+        "endOffset": p.end_offset,
+        "lag": p.lag,
+        "secondsSinceApplied": round(p.seconds_since_applied, 3),
+        "stalled": p.stalled,
+    }
+
+
+def encode_pipeline(pipeline: PipelineInfo) -> dict[str, Any]:
+    """Return the node's streaming pipeline as READY_PATH shows it."""
+    return {
+        "state": pipeline.state,
+        "restarts": pipeline.restarts,
+        "deathsInARow": pipeline.deaths_in_a_row,
+        "keepsDying": pipeline.keeps_dying,
+        "lastError": pipeline.last_error,
+    }

@@ -1,7 +1,9 @@
 """The ``iqkafka`` Spark source: a Python Data Source over confluent-kafka that yields Arrow record batches.
 
-Spark's JVM Kafka connector is not available everywhere, so this source reads Kafka with librdkafka. Register
-it once per session and read a topic as a stream::
+The runner's default source is Spark's own JVM connector (``format("kafka")``, ``streaming.runner``); this one,
+selected with ``RunnerSettings(source="iqkafka")``, reads Kafka with librdkafka in Spark's Python workers and is
+kept for the A/B measurement against it (``bench/ingest.py --source kafka,iqkafka``). Register it once per session
+and read a topic as a stream::
 
     spark.dataSource.register(KafkaDataSource)
     spark.readStream.format("iqkafka")

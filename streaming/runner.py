@@ -3,7 +3,13 @@
 Start offsets come from the stores (each partition database's next offset), not from a Spark
 checkpoint: every start uses a fresh checkpoint, so a partition newly owned by this node starts where
 its store ends (0 if it never had it). A partition is RESTORING until it has applied everything that
-was in the topic when it was opened, then RUNNING (queryable).
+was in the topic when it was opened (its last stable offset), then RUNNING (queryable).
+
+The source is Spark's own Kafka connector by default (``RunnerSettings(source="kafka")``: its jars come
+with the session, ``streaming.session``), reading exactly the owned partitions (``assign``) from the
+stores' offsets, committed records only (``read_committed``); ``source="iqkafka"`` selects the Python Data
+Source over confluent-kafka (``streaming.kafka_source``) instead. The query's checkpoint holds Spark's
+offset log, where the sink reads how far each batch read every partition (``streaming.sink.OffsetLog``).
 """
 
 from __future__ import annotations
@@ -20,16 +26,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
+from iqgraph.streaming.apache_kafka import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.kafka_offsets import KafkaOffsets
 from iqgraph.streaming.kafka_source import KafkaDataSource
-from iqgraph.streaming.sink import BatchObserver, StoreSink, mark_running_when_caught_up
+from iqgraph.streaming.sink import BatchObserver, OffsetLog, StoreSink, mark_running_when_caught_up
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +56,7 @@ class RunnerSettings:
     producer_config: Mapping[str, str] | None = None
     max_records_per_batch: int = 200_000
     trigger_interval: str = "0 seconds"
-    source: str = "iqkafka"  # or "kafka": Spark's JVM connector, where its jar is on the classpath
+    source: str = "kafka"  # Spark's JVM connector (its jars in the session), or "iqkafka": the Python Data Source
 
     def __post_init__(self) -> None:
         if self.source not in ("iqkafka", "kafka"):
@@ -64,9 +71,15 @@ def source_options(
     options = {f"kafka.{k}": str(v) for k, v in client.items()}
     if settings.source == "kafka":
         return options | {
+            # committed records only, and batch ends at the last stable offset (Spark lists offsets with this
+            # isolation level too): an open transaction's records are never read, an aborted one's never applied
+            "kafka.isolation.level": "read_committed",
             "assign": json.dumps({topic: owned}),
             "startingOffsets": json.dumps({topic: {str(p): starting[p] for p in owned}}),
+            # a cap on the OFFSETS of a batch over all owned partitions (Spark splits it by each one's backlog)
             "maxOffsetsPerTrigger": str(settings.max_records_per_batch),
+            # fail when offsets to read are gone (below the log start: retention, a deleted topic); offsets
+            # that hold no record (control markers, aborted records, compacted away) are skipped, not loss
             "failOnDataLoss": "true",
         }
     return options | {
@@ -75,6 +88,12 @@ def source_options(
         "startingOffsets": json.dumps({str(p): starting[p] for p in owned}),
         "maxRecordsPerBatch": str(settings.max_records_per_batch),
     }
+
+
+def _connector_missing(error: BaseException) -> bool:
+    """Return whether error is Spark's "data source kafka not found" (no connector jar on the classpath)."""
+    text = str(error)  # Spark 4: [_LEGACY_ERROR_TEMP_1140] Failed to find data source: kafka. Please deploy ...
+    return "kafka" in text.lower() and ("_LEGACY_ERROR_TEMP_1140" in text or "Failed to find data source" in text)
 
 
 @dataclass(frozen=True)
@@ -159,6 +178,8 @@ class StreamRunner:
     def _start_query(self, topic: str, owned: list[int]) -> StreamingQuery:
         stores = self.partitions[topic]
         starting = {p: stores[p].db.next_offset() for p in owned}
+        checkpoint = Path(tempfile.mkdtemp(prefix=f"iqgraph-{self.app.name}-{topic}-"))
+        self._checkpoints.append(checkpoint)
         sink = StoreSink(
             self.app,
             self.app.topic(topic),
@@ -168,21 +189,33 @@ class StreamRunner:
             observer=self.observer,
             tables=lambda table_topic: self.partitions.get(table_topic, {}),
             change_feed=self.change_feed,
+            offset_log=OffsetLog(checkpoint / "offsets", topic, starting),
         )
         self._sinks.append(sink)
-        checkpoint = Path(tempfile.mkdtemp(prefix=f"iqgraph-{self.app.name}-{topic}-"))
-        self._checkpoints.append(checkpoint)
         options = source_options(self.settings, topic, owned, starting)
         reader = self.spark.readStream.format(self.settings.source).options(**options)
         log.info("starting query on %s partitions %s from offsets %s", topic, owned, starting)
         return (
-            reader.load()
+            self._load(reader)
             .writeStream.foreachBatch(sink)
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=self.settings.trigger_interval)
             .queryName(f"iqgraph-{self.app.name}-{topic}")
             .start()
         )
+
+    def _load(self, reader: DataStreamReader) -> DataFrame:
+        """Return reader's stream; raise `JarsError` (one line) when Spark has no Kafka connector."""
+        try:
+            return reader.load()
+        except Exception as exc:
+            if self.settings.source == "kafka" and _connector_missing(exc):
+                raise JarsError(
+                    f"Spark's Kafka source is not in this Spark session: build it with "
+                    f"iqgraph.streaming.session.build_spark_session (spark-sql-kafka-0-10 {SPARK_KAFKA_VERSION} "
+                    f"jars, installed by `{FETCH_COMMAND}`) or add the connector to spark.jars"
+                ) from exc
+            raise
 
     def _dead_letters(self) -> DeadLetterQueue | None:
         topic = self.app.kafka.dead_letter_topic

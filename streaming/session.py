@@ -4,6 +4,12 @@ Local settings suit a small machine: few shuffle partitions, no UI, no console p
 session time zone, loopback driver address, and Spark's own logging turned down to warnings. Python workers
 run the interpreter that builds the session, so the Python Data Source and the sinks import this project.
 
+Spark's own Kafka source (``format("kafka")``, the runner's default) comes from the connector jars fetched at
+install time (``python -m iqgraph.streaming.apache_kafka fetch``: ``streaming.apache_kafka.SPARK_KAFKA_JARS``),
+given to the session as ``spark.jars`` (after any the caller sets): on a cluster Spark ships them to the
+executors. Without them, or with a pyspark of another version than the connector's, building the session
+raises `JarsError` in one line saying what to run. ``kafka_connector=False`` builds a session without them.
+
 On a cluster (any master but ``local``), executors import what the driver pickles by reference — a user's
 transform that calls a plain function of the user's module needs that module on every executor. ``ship_module``
 adds the user's top-level package (zipped) or module file to the session (``SparkContext.addPyFile``) unless
@@ -22,9 +28,12 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+import pyspark
 from pyspark.sql import SparkSession
 
-__all__ = ["build_spark_session", "ship_module"]
+from iqgraph.streaming.apache_kafka import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError, spark_kafka_jars
+
+__all__ = ["build_spark_session", "kafka_connector_jars", "ship_module"]
 log = logging.getLogger(__name__)
 
 # Warnings and errors to stderr, one line each; silence the start-up notices Spark logs at WARN.
@@ -54,18 +63,36 @@ def build_spark_session(
     app_name: str = "iqgraph",
     log_level: str = "WARN",
     extra_conf: Mapping[str, str] | None = None,
+    kafka_connector: bool = True,
 ) -> SparkSession:
-    """Return a SparkSession configured for iqgraph's pipelines (created, or the active one reused)."""
+    """Return a SparkSession configured for iqgraph's pipelines (created, or the active one reused).
+
+    kafka_connector: add Spark's Kafka connector jars to spark.jars (raises `JarsError` when they are missing).
+    """
+    conf = {**_base_conf(master, shuffle_partitions, driver_memory), **(extra_conf or {})}
+    if kafka_connector:
+        given = [jar for jar in conf.get("spark.jars", "").split(",") if jar.strip()]
+        conf["spark.jars"] = ",".join([*given, *(str(path) for path in kafka_connector_jars())])
     # SparkContext reads the worker interpreter from the environment only; default it to ours.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else a warning on every start
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**_base_conf(master, shuffle_partitions, driver_memory), **(extra_conf or {})}.items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def kafka_connector_jars() -> list[Path]:
+    """Return the paths of Spark's Kafka connector jars for this pyspark; raise `JarsError` (one line) if unusable."""
+    if pyspark.__version__ != SPARK_KAFKA_VERSION:
+        raise JarsError(
+            f"pyspark {pyspark.__version__} is installed but Spark's Kafka connector is pinned to "
+            f"{SPARK_KAFKA_VERSION}: pip install pyspark=={SPARK_KAFKA_VERSION} (then run `{FETCH_COMMAND}`)"
+        )
+    return spark_kafka_jars()
 
 
 def _base_conf(master: str, shuffle_partitions: int, driver_memory: str) -> dict[str, str]:

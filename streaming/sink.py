@@ -18,11 +18,20 @@ metrics. With a change feed (``streaming.change_feed``), each partition's batch 
 the new states of the keys someone watches: key-value states as the merge returns them; windows and ranking
 entries read from the transaction's own writes before and after their merge (their views do not return them),
 so only the watched keys are read, and only while someone watches.
+
+Each partition's stored next offset moves to where the source READ UP TO in the batch (its end offset), not only
+past the batch's last record: a log that ends in offsets holding no record — a transaction's control marker, an
+aborted transaction's records, a tombstone the log cleaner purged — would otherwise never reach its end offset
+(and its partition would stay RESTORING). The end offsets are Spark's own, from the query's offset log
+(`OffsetLog`: ``<checkpoint>/offsets/<batchId>``, written before the batch runs); a partition the source read
+but that brought no record gets a WriteBatch with only its new offset. Exactly once stays: records below the
+stored offset are dropped, and a slice commits only when it begins at the stored offset (``PartitionDB.begin``).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
 import time
@@ -30,6 +39,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -39,6 +49,7 @@ from pyspark.sql import functions as F
 from iqgraph.stores import (
     KEEP_GROUP,
     Aggregation,
+    OffsetGapError,
     PartitionState,
     PartitionStores,
     PartitionTransaction,
@@ -103,6 +114,84 @@ class Applied:
     bad: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
+@dataclass(frozen=True)
+class BatchOffsets:
+    """Where one micro-batch's source read each partition: from `starts` (None: not known) up to `ends`."""
+
+    starts: Mapping[int, int] | None
+    ends: Mapping[int, int]
+
+
+class OffsetLog:
+    """The offsets each micro-batch of one query read, from Spark's offset log (its write-ahead log).
+
+    Spark writes ``<checkpoint>/offsets/<batchId>`` before it runs the batch: a version line (``v1``, or ``v2``
+    for named sources in Spark 4.1+), a metadata line, then the batch's END offset of each source — one JSON per
+    line in v1 (``-`` for a source without one), ``<sourceId>:<json>`` per line in v2. A query here has one
+    source: Spark's Kafka source writes ``{"<topic>": {"<partition>": offset}}``, the iqkafka source
+    ``{"<partition>": offset}``. A batch starts where the one before it ended; batch 0 where the query started
+    (starting, the stores' offsets the runner gave the source). A file that cannot be read or parsed yields None
+    (logged once): the sink then moves offsets only past the records it got, as without a log.
+    """
+
+    def __init__(self, directory: Path, topic: str, starting: Mapping[int, int] | None = None) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.starting = dict(starting) if starting is not None else None
+        self._warned = False
+
+    def batch(self, batch_id: int) -> BatchOffsets | None:
+        """Return where batch batch_id read each partition, None when the log does not say."""
+        ends = self.ends(batch_id)
+        if ends is None:
+            return None
+        starts = self.starting if batch_id == 0 else self.ends(batch_id - 1)
+        return BatchOffsets(starts, ends)
+
+    def ends(self, batch_id: int) -> dict[int, int] | None:
+        """Return the end offsets of batch batch_id, None when the log does not say."""
+        path = self.directory / str(batch_id)
+        try:
+            return self.parse(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "%s: no end offsets in Spark's offset log %s (%s): offsets move past records", self.topic, path, exc
+                )
+            return None
+
+    def parse(self, text: str) -> dict[int, int]:
+        """Return the partition -> end offset map of an offset log file's text; raise ValueError if it has none."""
+        lines = text.split("\n")
+        version = lines[0].strip()
+        if version not in ("v1", "v2") or len(lines) < 3:
+            raise ValueError(f"unknown offset log format {version!r}")
+        entries = [line for line in lines[2:] if line.strip() and line.strip() != "-"]
+        if version == "v2":
+            entries = [_v2_offset(line) for line in entries]
+        offsets = [json.loads(entry) for entry in entries if entry != "-"]
+        if len(offsets) != 1:
+            raise ValueError(f"{len(offsets)} source offsets, expected one")
+        return self._partition_offsets(offsets[0])
+
+    def _partition_offsets(self, offset: Any) -> dict[int, int]:
+        """Return the partition offsets of one source's offset JSON (Spark's Kafka source's or iqkafka's)."""
+        if not isinstance(offset, dict):
+            raise ValueError(f"not a Kafka source offset: {offset!r}")
+        if self.topic in offset and isinstance(offset[self.topic], dict):
+            offset = offset[self.topic]  # Spark's Kafka source: {"<topic>": {"<partition>": offset}}
+        return {int(partition): int(value) for partition, value in offset.items()}
+
+
+def _v2_offset(line: str) -> str:
+    """Return the offset JSON of a v2 offset log line, ``<sourceId>:<json>``."""
+    source, colon, offset = line.partition(":")
+    if not colon or not offset:
+        raise ValueError(f"not a v2 offset log line: {line!r}")
+    return offset
+
+
 def _parse(table: pa.Table) -> dict[int, PartitionBatch]:
     columns = [table.column(name).to_pylist() for name in table.schema.names]
     batches: dict[int, PartitionBatch] = defaultdict(PartitionBatch)
@@ -136,10 +225,13 @@ class StoreSink:
         observer: BatchObserver | None = None,
         tables: HostedTables | None = None,
         change_feed: ChangeFeed | None = None,
+        offset_log: OffsetLog | None = None,
     ) -> None:
         """Args:
         tables: the partitions this node hosts of a topic, now: where joined tables are read (streaming.joins).
         change_feed: where each partition's committed changes are published, for the stores someone watches.
+        offset_log: the query's offset log, where each batch's end offsets are read (None: offsets move past the
+            last record of each partition's slice only).
         """
         self.app = app
         self.topic = topic
@@ -150,6 +242,7 @@ class StoreSink:
         self.tasks = tasks
         self.observer = observer
         self.change_feed = change_feed
+        self.offset_log = offset_log
         self._decoder: Decoder | None = None  # built on the first batch, as the partials plan
         self._plan = PartialsPlan(self.stores, self.tasks)
         self._placements: dict[Any, Placement] = {}  # key -> where each partitioner puts it
@@ -171,7 +264,9 @@ class StoreSink:
                 log.info("batch %d of %s abandoned: the query is stopping", batch_id, self.topic.name)
                 return
             computed = time.perf_counter()
-            applied = self.apply(_parse(table)) if table.num_rows else Applied()
+            read = self.offset_log.batch(batch_id) if self.offset_log is not None else None
+            batches = _parse(table) if table.num_rows else {}
+            applied = self.apply(batches, read) if batches or read is not None else Applied()
             if self.observer is not None:
                 duration = time.perf_counter() - started
                 self.observer(BatchReport(self.topic.name, duration, applied.records, dict(applied.bad)))
@@ -217,15 +312,31 @@ class StoreSink:
         times = {p: s.window(store.name).stream_time() for p, s in self.partitions.items()}
         return {p: t for p, t in times.items() if t is not None}
 
-    def apply(self, batches: Mapping[int, PartitionBatch]) -> Applied:
-        """Merge each partition's share of a batch into its database, with its offsets, atomically."""
+    def apply(self, batches: Mapping[int, PartitionBatch], read: BatchOffsets | None = None) -> Applied:
+        """Merge each partition's share of a batch into its database, with its offsets, atomically.
+
+        read: where the batch's source read each partition (the offset log): a partition's next offset moves to its
+        end offset there, past offsets that hold no record, even in a partition that brought no record.
+        """
         applied = Applied()
-        for partition, batch in sorted(batches.items()):
+        ends = read.ends if read is not None else {}
+        for partition in sorted(set(batches) | set(ends)):
+            batch = batches.get(partition) or PartitionBatch()
             stores = self.partitions.get(partition)
-            if stores is None or batch.last_offset < 0:
+            if stores is None or (batch.last_offset < 0 and partition in batches):
                 log.warning("%s-%s: batch for a partition this node does not own", self.topic.name, partition)
                 continue
             start = stores.db.next_offset()
+            end = self._end(partition, start, batch, read)
+            if end <= start:
+                continue  # applied already (a replay), or nothing read
+            tx = stores.db.begin(start, end)
+            if tx is None:
+                continue
+            if batch.last_offset < 0:  # offsets without a record (markers, aborted or compacted away): the offset
+                tx.commit()  # alone, in its own WriteBatch
+                self._committed(partition, end, None)
+                continue
             if batch.first_offset > start:
                 log.info(
                     "%s-%s: offsets %s..%s absent (compaction or control records)",
@@ -234,21 +345,45 @@ class StoreSink:
                     start,
                     batch.first_offset - 1,
                 )
-            tx = stores.db.begin(start, batch.last_offset + 1)
-            if tx is None:
-                continue
             with self._watching() as interest:  # a subscription's snapshot waits for this batch (settle)
                 changes = ChangeSet(interest) if interest else _NO_CHANGES
                 with tx:
                     bad = self._merge(tx, stores, partition, batch, changes)
-                if changes is not _NO_CHANGES and self.change_feed is not None:
-                    self.change_feed.publish(self.topic.name, partition, batch.last_offset + 1, changes.by_store)
+                self._committed(partition, end, changes)
             applied.records += batch.last_offset + 1 - max(start, batch.first_offset)
             for store, count in bad.items():
                 applied.bad[store] += count
-            if self.on_commit is not None:
-                self.on_commit(partition, batch.last_offset + 1)
         return applied
+
+    def _end(self, partition: int, start: int, batch: PartitionBatch, read: BatchOffsets | None) -> int:
+        """Return the next offset of partition after this batch: where its source read up to, when that is known."""
+        after_records = batch.last_offset + 1
+        end = read.ends.get(partition) if read is not None else None
+        if read is None or end is None:
+            return after_records
+        if end < after_records:
+            log.warning(
+                "%s-%s: the offset log ends the batch at %s but it has records up to %s: the log is ignored",
+                self.topic.name,
+                partition,
+                end,
+                batch.last_offset,
+            )
+            return after_records
+        began = read.starts.get(partition) if read.starts is not None else None
+        if began is not None and began > start and end > start:
+            raise OffsetGapError(
+                f"{self.topic.name}-{partition}: the batch read from offset {began} but the next offset to apply is "
+                f"{start}: offsets {start}..{began - 1} were never read"
+            )
+        return end
+
+    def _committed(self, partition: int, end: int, changes: ChangeSet | None) -> None:
+        """Tell the change feed (its watched changes) and on_commit that partition is applied up to end."""
+        if changes is not None and changes is not _NO_CHANGES and self.change_feed is not None:
+            self.change_feed.publish(self.topic.name, partition, end, changes.by_store)
+        if self.on_commit is not None:
+            self.on_commit(partition, end)
 
     def _watching(self) -> AbstractContextManager[Interest]:
         return _UNWATCHED if self.change_feed is None else self.change_feed.writing(self.topic.name)

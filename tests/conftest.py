@@ -1,4 +1,4 @@
-"""Session-wide fixtures: one embedded broker, one SparkSession, uniquely named topics."""
+"""Session-wide fixtures: one Apache Kafka broker, one SparkSession, uniquely named topics."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ import pytest
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from iqgraph.streaming.broker import EmbeddedBroker
+    from iqgraph.streaming.apache_kafka import KafkaBroker
 
 #: make_topic(partitions=1, config=None, prefix="t") -> the name of a new topic on the session's broker.
 MakeTopic = Callable[..., str]
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[EmbeddedBroker]:
-    """Run one Tansu broker for the whole test session."""
-    from iqgraph.streaming.broker import EmbeddedBroker
+def broker() -> Iterator[KafkaBroker]:
+    """Run one Apache Kafka broker (KRaft) for the whole test session."""
+    from iqgraph.streaming.apache_kafka import KafkaBroker
 
-    with EmbeddedBroker() as running:
+    with KafkaBroker() as running:
         yield running
 
 
@@ -37,7 +37,7 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture(scope="session")
-def make_topic(broker: EmbeddedBroker) -> MakeTopic:
+def make_topic(broker: KafkaBroker) -> MakeTopic:
     """Return a factory that creates a uniquely named topic on the session's broker."""
 
     def make(partitions: int = 1, config: Mapping[str, str] | None = None, prefix: str = "t") -> str:

@@ -31,3 +31,19 @@ def test_production_code_does_not_import_the_examples() -> None:
                 if isinstance(node, ast.ImportFrom):
                     names = [node.module or ""]
                 assert not any(n.startswith("iqgraph.examples") for n in names), path
+
+
+def test_no_file_under_tests_imports_a_test_module() -> None:
+    """What tests share lives in tests/support (or a conftest.py fixture): a test_*.py module is pytest's to import."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):  # `from tests.x import test_y` imports the module test_y too
+                modules = [node.module or "", *(f"{node.module or ''}.{a.name}" for a in node.names)]
+            else:
+                continue
+            imported = [m for m in modules if m.rsplit(".", 1)[-1].startswith("test_")]
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} imports {m}" for m in imported]
+    assert not found, "\n".join(found)

@@ -14,8 +14,8 @@ warms up as a standby. A partition whose claimant's record expired goes at once 
 it. The record and the rules are in ``app.cluster.group_assignment``. A node re-publishes as soon as one of its
 copies turns caught up (or stops being so), not only on the heartbeat.
 
-On the embedded Tansu broker a join or rebalance takes about half of ``session.timeout.ms`` (rounded up to a
-second), and static membership (``group.instance.id``) is unreliable, so it is not used.
+Static membership (``group.instance.id``) is not used: a restarted node is a new member, and its old one's
+partitions move at once to a live copy (the warm-up rules above), not after the session timeout.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from iqgraph.app.cluster.group_assignment import (
 )
 from iqgraph.app.cluster.membership import ClusterMap, with_global_topics
 from iqgraph.app.cluster.replicas import ReplicaState
-from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST
 
 __all__ = [
     "ACCEPTABLE_RECOVERY_LAG",
@@ -225,7 +224,7 @@ class GroupMembership:
         reader: _Config = {"group.id": f"{self.metadata_topic}-reader", "enable.auto.commit": False}
         self._reader = Consumer({**self._common, **reader, "enable.partition.eof": True}, logger=log)
         self._reader.assign([TopicPartition(self.metadata_topic, 0, OFFSET_BEGINNING)])
-        producer = {**ONE_RECORD_PER_REQUEST, "max.in.flight.requests.per.connection": 1}  # keep records in order
+        producer = {"acks": "all", "enable.idempotence": True, "linger.ms": 5}  # in order, once each
         self._producer = Producer({**self._common, **producer}, logger=log)
 
     def _group_config(self) -> _Config:

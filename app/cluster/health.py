@@ -15,7 +15,7 @@ import httpx
 
 from iqgraph.app.cluster.membership import Membership, StaticMembership
 from iqgraph.app.cluster.replicas import PeerStates
-from iqgraph.schema.wire import decode_partition
+from iqgraph.schema.wire import READY_PATH, decode_partition
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class PeerHealth:
             if member.id == self.membership.node_id:
                 continue
             try:
-                body = client.get(f"{member.url}/readyz", timeout=self.timeout_s).json()
+                body = client.get(f"{member.url}{READY_PATH}", timeout=self.timeout_s).json()
                 partitions = [decode_partition(p) for p in body.get("partitions") or []]
             except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
                 down.add(member.id)

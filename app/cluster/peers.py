@@ -6,7 +6,7 @@ event loop go out together as ONE request, each an aliased ``_lookup`` (``wire.l
 five stores, or one depth of relations, costs one sub-request per peer, not one per store. Each lookup
 gets its own answer, or its own error.
 
-Every sub-request goes to the peer's internal endpoint (``peer_auth.INTERNAL_PATH``; the peer answers from
+Every sub-request goes to the peer's internal endpoint (``wire.INTERNAL_PATH``; the peer answers from
 its own partitions only), signed with the cluster secret and carrying the caller (``peer_auth.PeerSigner``):
 the owner checks the caller may read each store. Explicit timeouts and connection limits; keep-alive
 connections are reused across requests. Counts what it sends per peer, and tells an optional PeerObserver
@@ -16,23 +16,23 @@ connections are reused across requests. Counts what it sends per peer, and tells
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import ssl
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
 import orjson
 
-from iqgraph.app.security.peer_auth import INTERNAL_PATH, PeerSigner
+from iqgraph.app.security.peer_auth import PeerSigner
 from iqgraph.schema import wire
 from iqgraph.schema.access import Principal
-from iqgraph.schema.asgi import encode_json
 from iqgraph.schema.errors import NODE_UNAVAILABLE
 from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
-from iqgraph.schema.wire import PEER_TIMEOUT_S
+from iqgraph.schema.wire import CHANGES_PATH, FOLLOW_PATH, HEARTBEAT_S, INTERNAL_PATH, PEER_TIMEOUT_S, Rows, encode_json
 
 STREAM_CONNECTIONS = 512  # live streams to peers (app.live_relay bounds them: 256 upstreams, and change counts)
 
@@ -125,7 +125,7 @@ class PeerClient:
         return client
 
     def stream_client(self) -> httpx.AsyncClient:
-        """Return this event loop's client of peers' event streams (``app.live.stream``): a pool of its own, so
+        """Return this event loop's client of peers' event streams (``stream``): a pool of its own, so
         long-lived streams never take the connections forwarded reads need."""
         loop = id(asyncio.get_running_loop())
         client = self._streams.get(loop)
@@ -261,6 +261,59 @@ class PeerClient:
         variables = {"field": field, "keys": wire.encode_calls(calls)}
         return wire.decode_call_answer((await self.query(url, wire.CALL, variables, caller))["_call"])
 
+    # -- live streams (the follower's side; the owner's: app.live.stream) ----------------------------------
+
+    async def follow(self, url: str, body: bytes, caller: Principal) -> AsyncIterator[Rows]:
+        """Yield the rows a peer streams for a follow request (``wire.encode_follow``; see ``stream``)."""
+        async with contextlib.aclosing(self.stream(url, FOLLOW_PATH, body, caller)) as events:  # type: ignore[type-var]
+            async for event in events:
+                yield wire.decode_rows(event)
+
+    async def changes(self, url: str, store: str, caller: Principal) -> AsyncIterator[int]:
+        """Yield the counts of changed keys a peer streams for store (see ``stream``)."""
+        body = wire.encode_changes(store)
+        async with contextlib.aclosing(self.stream(url, CHANGES_PATH, body, caller)) as events:  # type: ignore[type-var]
+            async for event in events:
+                yield int(event["n"])
+
+    async def stream(
+        self, url: str, path: str, body: bytes, caller: Principal, heartbeat_s: float = HEARTBEAT_S
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Yield the data of each event a peer streams for a signed request to path, until it ends.
+
+        Raises PeerUnavailableError when the peer cannot be reached, stops answering (no event or heartbeat for
+        three heartbeats) or ends the stream; the ApiError of an error event.
+        """
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        headers |= self.signer.headers(path, body, caller)
+        timeout = httpx.Timeout(3 * heartbeat_s, connect=2.0)
+        client = self.stream_client()
+        try:
+            async with client.stream("POST", f"{url}{path}", content=body, headers=headers, timeout=timeout) as r:
+                if r.status_code != 200:  # refusals of the caller come as error events: this is the peer's trouble
+                    text = (await r.aread())[:200].decode("utf-8", "replace")  # (a 401: clocks or secrets differ)
+                    raise PeerUnavailableError(f"peer {url} answered a stream with HTTP {r.status_code}: {text}")
+                async for data in _events(r.aiter_lines()):
+                    event = orjson.loads(data)
+                    if "error" in event:
+                        raise wire.decode_error(event["error"])
+                    yield event
+        except httpx.HTTPError as exc:
+            raise PeerUnavailableError(f"peer {url} stopped streaming: {exc.__class__.__name__}") from exc
+        raise PeerUnavailableError(f"peer {url} ended the stream")
+
     async def node(self, url: str, caller: Principal) -> NodeInfo:
         """Return the peer's own node metadata."""
         return wire.decode_node((await self.query(url, wire.NODE, {}, caller))["node"])
+
+
+async def _events(lines: AsyncIterator[str]) -> AsyncGenerator[bytes, None]:
+    """Yield the data of each Server-Sent Event (comments are heartbeats)."""
+    data: list[str] = []
+    async for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data).encode()
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))

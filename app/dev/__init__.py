@@ -1,3 +1,3 @@
 """Development: ``iqgraph dev`` (broker, topics, feed and nodes in one command), the producer, data files,
-the example query printed at start, and topic creation.
+and the example query printed at start.
 """

@@ -16,20 +16,21 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from iqgraph.app.dev.data_file import BadLine, FileRecord
-from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST
+from iqgraph.streaming.broker import BATCHING
 from iqgraph.streaming.decode import serialize_value
 from iqgraph.streaming.definitions import App, DefinitionError
 from iqgraph.streaming.partitioner import serialize_key
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ONE_RECORD_PER_REQUEST", "produce_events", "produce_records", "producer_config"]
+__all__ = ["produce_events", "produce_records", "producer_config"]
 
 
 def producer_config(app: App, bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Return the librdkafka producer settings for app, partitioning like the Java client (murmur2)."""
     partitioner = "consistent_random" if app.kafka.partitioner == "consistent_random" else "murmur2_random"
-    return {**app.kafka.config, **(extra or {}), "bootstrap.servers": bootstrap_servers, "partitioner": partitioner}
+    config = {**BATCHING, **app.kafka.config, **(extra or {})}
+    return {**config, "bootstrap.servers": bootstrap_servers, "partitioner": partitioner}
 
 
 def produce_events(

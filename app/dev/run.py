@@ -1,4 +1,4 @@
-"""``iqgraph dev``: any app on the embedded broker, fed, served by 1 or N nodes, with GraphiQL.
+"""``iqgraph dev``: any app on an embedded Apache Kafka broker, fed, served by 1 or N nodes, with GraphiQL.
 
 One line per step: start the broker, create the app's topics, feed them (the app's generator, a JSON-lines
 file, or nothing — then the exact ``iqgraph produce`` line to use), start the nodes, print their GraphiQL
@@ -28,6 +28,7 @@ import httpx
 import orjson
 from confluent_kafka import KafkaException
 
+from iqgraph.app.cluster.topics import create_topics
 from iqgraph.app.dev.data_file import BadLine, read_records
 from iqgraph.app.dev.example_query import (
     INTROSPECTION,
@@ -36,11 +37,11 @@ from iqgraph.app.dev.example_query import (
     sample_keys,
     schema_from_introspection,
 )
-from iqgraph.app.dev.producer import ONE_RECORD_PER_REQUEST, produce_events, produce_records, producer_config
-from iqgraph.app.dev.topics import create_topics
+from iqgraph.app.dev.producer import produce_events, produce_records, producer_config
 from iqgraph.app.loading import load_app
 from iqgraph.app.settings import SettingsError, load_settings
-from iqgraph.streaming.broker import EmbeddedBroker, exit_with_parent
+from iqgraph.streaming.apache_kafka import KAFKA_VERSION, KafkaBroker
+from iqgraph.streaming.broker import exit_with_parent
 from iqgraph.streaming.definitions import App
 
 DEMO_APP = "iqgraph.examples.shop:app"
@@ -104,11 +105,7 @@ def _state_dir(given: Path | None) -> Path:
         given.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DevError(f"--state-dir {given}: {exc.strerror}") from None
-    if any(given.glob("node-*")):
-        # the embedded broker starts empty: stores that applied an earlier run's offsets would answer stale data
-        raise DevError(f"--state-dir {given} holds an earlier run's stores; the embedded broker starts empty each "
-                       "run, so give a new or empty directory")  # fmt: skip
-    return given
+    return given  # an earlier run's broker data and stores are kept: a restart goes on where it stopped
 
 
 class DevRun:
@@ -118,7 +115,7 @@ class DevRun:
         self.app = app
         self.options = options
         self.root = root
-        self.broker = EmbeddedBroker()
+        self.broker = KafkaBroker(data_dir=root / "kafka")  # kept: a restarted run keeps its topics and records
         self.nodes: list[NodeProcess] = []
         self.feed: threading.Thread | None = None
         self.stop_feed = threading.Event()
@@ -133,8 +130,11 @@ class DevRun:
 
     def start(self) -> None:
         """Start the broker, create and feed the topics, start the nodes and print where to query."""
+        started = time.monotonic()
         self.broker.start()
-        self.say(f"broker at {self.broker.bootstrap_servers} (state and logs in {self.root})")
+        took = time.monotonic() - started
+        self.say(f"broker at {self.broker.bootstrap_servers} (Apache Kafka {KAFKA_VERSION}, ready in {took:.1f} s; "
+                 f"state and logs in {self.root})")  # fmt: skip
         created = create_topics({"bootstrap.servers": self.broker.bootstrap_servers}, self.app)
         self.say("created topics " + ", ".join(f"{name} ({count} partitions)" for name, count in created.items()))
         self._feed()
@@ -187,7 +187,7 @@ class DevRun:
         self.say("stopped")
 
     def _config(self) -> dict[str, Any]:
-        return producer_config(self.app, self.broker.bootstrap_servers, ONE_RECORD_PER_REQUEST)
+        return producer_config(self.app, self.broker.bootstrap_servers)
 
     def _feed(self) -> None:
         if self.options.data is not None:
@@ -199,7 +199,7 @@ class DevRun:
             self.say(
                 f"no data: the app has no generator and no --data file was given. Produce JSON lines into {topic!r}"
                 f" with:\n  iqgraph produce --app {self.options.app} --bootstrap-servers "
-                f"{self.broker.bootstrap_servers} --one-record-per-request --file data.jsonl"
+                f"{self.broker.bootstrap_servers} --file data.jsonl"
             )
 
     def _produce_file(self, path: Path) -> None:

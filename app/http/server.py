@@ -26,7 +26,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from iqgraph.app.http.request_guard import RequestGuard
 from iqgraph.app.http.rest import rest_routes
-from iqgraph.app.live.stream import CHANGES_PATH, FOLLOW_PATH, StreamEndpoint, changes_events, follow_events
+from iqgraph.app.live.stream import StreamEndpoint, changes_events, follow_events
 from iqgraph.app.live.watch import Live
 from iqgraph.app.metrics import scrape, tracing_extensions
 from iqgraph.app.node import Node, NodeStartError
@@ -34,13 +34,14 @@ from iqgraph.app.query.merging import finalize
 from iqgraph.app.query.routing import store_key_partitions
 from iqgraph.app.security.auth import Authenticator
 from iqgraph.app.security.gate import AuthGate, init_authenticator
-from iqgraph.app.security.peer_auth import INTERNAL_PATH, PeerGate, PeerVerifier
+from iqgraph.app.security.peer_auth import PeerGate, PeerVerifier
 from iqgraph.app.security.tls import peer_verify, server_options
 from iqgraph.app.settings import Settings
+from iqgraph.schema import wire
 from iqgraph.schema.access import principal_of
 from iqgraph.schema.errors import STORE_NOT_READY, ApiError
 from iqgraph.schema.graphiql import graphiql_mount
-from iqgraph.schema.types import PartitionInfo, PipelineInfo
+from iqgraph.schema.wire import CHANGES_PATH, FOLLOW_PATH, INTERNAL_PATH, READY_PATH
 
 if TYPE_CHECKING:
     from iqgraph.streaming.definitions import App
@@ -58,7 +59,7 @@ def build_asgi(
     """Return the ASGI app of a started node: graphql at /graphql for clients, internal for peers.
 
     Clients are authenticated by ``app.security.auth.AuthGate`` (with auth "none", everyone reads everything);
-    peers' sub-requests to ``INTERNAL_PATH`` by their signature (``app.security.peer_auth.PeerGate``); every
+    peers' sub-requests to ````wire.INTERNAL_PATH`` by their signature (``app.security.peer_auth.PeerGate``); every
     request meets the limits of ``app.http.request_guard`` first. authenticator: None makes the one the node's
     settings describe.
     """
@@ -69,13 +70,7 @@ def build_asgi(
     async def readyz(_: Request) -> Response:
         info = None if node.local is None else node.local.node()
         ready = node.ready(info)
-        body = {
-            "ready": ready,
-            "state": node.state.value,
-            "node": node.settings.node_id,
-            "pipeline": None if info is None or info.pipeline is None else pipeline_json(info.pipeline),
-            "partitions": [] if info is None else [partition_json(p) for p in info.partitions],
-        }
+        body = wire.encode_ready(ready, node.state.value, node.settings.node_id, info)
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics(_: Request) -> Response:
@@ -84,7 +79,7 @@ def build_asgi(
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
+        Route(READY_PATH, readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         graphiql_mount("/graphql"),  # GraphiQL's assets at /graphql/static (schema.graphiql)
         Route("/graphql", graphql, methods=["GET", "POST"]),
@@ -160,39 +155,13 @@ def _raw_lookup(node: Node) -> Any:
     return lookup
 
 
-def partition_json(p: PartitionInfo) -> dict[str, Any]:
-    """Return one hosted partition as /readyz shows it (peers read it: schema.wire.decode_node's names)."""
-    return {
-        "topic": p.topic,
-        "partition": p.partition,
-        "role": p.role,
-        "state": p.state,
-        "appliedOffset": p.applied_offset,
-        "endOffset": p.end_offset,
-        "lag": p.lag,
-        "secondsSinceApplied": round(p.seconds_since_applied, 3),
-        "stalled": p.stalled,
-    }
-
-
-def pipeline_json(pipeline: PipelineInfo) -> dict[str, Any]:
-    """Return the node's streaming pipeline as /readyz shows it."""
-    return {
-        "state": pipeline.state,
-        "restarts": pipeline.restarts,
-        "deathsInARow": pipeline.deaths_in_a_row,
-        "keepsDying": pipeline.keeps_dying,
-        "lastError": pipeline.last_error,
-    }
-
-
 def graphql_app(node: Node, authenticator: Authenticator | None = None) -> tuple[Any, Any]:
     """Return the Strawberry ASGI apps answering the node's store queries: clients', and peers' (internal).
 
     authenticator: how a websocket is authenticated by its connection_init payload (None: the settings' one).
     """
+    from iqgraph.app.catalog import entity_infos
     from iqgraph.app.owner.runner import owner_field_infos
-    from iqgraph.app.query.partitions import entity_infos
     from iqgraph.schema import GraphQLApp, Limits, build_schema
     from iqgraph.schema.builder import build_internal_schema
 
@@ -312,13 +281,13 @@ def _note_signal(sig: int, _frame: object) -> None:
 
 def print_schema(app: App) -> int:
     """Print the SDL of app's schema (value types need a brief local Spark session)."""
+    from iqgraph.app.catalog import entity_infos, store_info
     from iqgraph.app.owner.runner import owner_field_infos
-    from iqgraph.app.query.partitions import entity_infos, store_info
     from iqgraph.schema import Limits, build_schema
     from iqgraph.streaming.session import build_spark_session
     from iqgraph.streaming.value_types import value_types
 
-    spark = build_spark_session("local[1]", app_name="iqgraph-schema", log_level="ERROR")
+    spark = build_spark_session("local[1]", app_name="iqgraph-schema", log_level="ERROR", kafka_connector=False)
     try:
         types = value_types(app, spark)
     finally:

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
-from iqgraph.app.query.partitions import FAR_FUTURE, FAR_PAST
+from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST
 from iqgraph.schema.errors import api_error, limit_exceeded
+from iqgraph.schema.wire import Interest, Row, Rows
 from iqgraph.stores import Key, PartitionStores, StoreError, StoreKind, StoreMigratedError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.change_set import Change
@@ -37,21 +36,6 @@ from iqgraph.streaming.subscription import Subscription
 
 #: Topic → partition → the stores this node hosts, now (the runner's live dict).
 Hosted = Mapping[str, Mapping[int, PartitionStores]]
-#: Per store, per partition, the keys followed.
-Interest = Mapping[str, Mapping[int, Sequence[Key]]]
-#: One key's state in one event: (store, key, window start or None, state, states conflated before it).
-Row = tuple[str, Key, int | None, Any, int]
-
-
-@dataclass(frozen=True)
-class Rows:
-    """What a source sends of one partition: a snapshot read at position, or one batch's changes."""
-
-    partition: int
-    position: int  # the partition's position once these rows are applied (a batch's next offset)
-    rows: list[Row]
-    snapshot: bool
-    lag: int | None = None  # records the copy that read them is behind its partition's end (a standby's)
 
 
 def keys_of(interest: Interest) -> dict[str, set[Key]]:

@@ -27,8 +27,8 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from iqgraph.app.live import stream as live_stream
 from iqgraph.app.live.follow import Interest, Row, Rows
+from iqgraph.schema import wire
 from iqgraph.schema.errors import limit_exceeded
 from iqgraph.stores import Key
 
@@ -200,7 +200,7 @@ class Relays:
     def __init__(
         self, max_keys: int | None = None, max_upstreams: int = MAX_UPSTREAMS, max_members: int = MAX_MEMBERS
     ) -> None:
-        self.max_keys = live_stream.MAX_FOLLOW_KEYS if max_keys is None else max_keys  # what a peer accepts
+        self.max_keys = wire.MAX_FOLLOW_KEYS if max_keys is None else max_keys  # what a peer accepts
         self.max_upstreams = max_upstreams
         self.max_members = max_members
         self._relays: dict[tuple[Any, ...], Relay] = {}

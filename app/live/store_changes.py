@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 
+from iqgraph.app.catalog import definition_of
 from iqgraph.app.live.follow import Hosted
-from iqgraph.app.query.partitions import definition_of
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.schema.errors import api_error, limit_exceeded
 from iqgraph.stores import StoreError

@@ -32,16 +32,15 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection,
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from iqgraph.app.catalog import definition_of
 from iqgraph.app.cluster.peers import PeerError, PeerUnavailableError
-from iqgraph.app.live import stream as live_stream
 from iqgraph.app.live.follow import Hosted, Interest, Rows, follow_partitions, partitions_of
 from iqgraph.app.live.relay import Broadcasts, MemberOverflowError, Relays
 from iqgraph.app.live.store_changes import store_changes
-from iqgraph.app.live.stream import encode_request, open_changes, open_follow
 from iqgraph.app.live.values import WatchedKeys
 from iqgraph.app.query import routing
 from iqgraph.app.query.executor import Failover, Replicas, RetryPolicy, batches
-from iqgraph.app.query.partitions import definition_of
+from iqgraph.schema import wire
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.schema.errors import (
     STORE_MIGRATED,
@@ -118,8 +117,6 @@ class Live:
         self.peers = peers
         self.lag = lag or (lambda topic, partition: None)
         self.check_every_s = check_every_s
-        self.replicas: Replicas = queries.replicas if queries is not None else _LoneNode(self)
-        self.retry = queries.retry if queries is not None else LONE_RETRY
         self.relays = Relays()
         self.broadcasts = Broadcasts()  # store_changes' upstreams: one per (peer, store, caller)
         self._tags = itertools.count()
@@ -167,6 +164,16 @@ class Live:
             for p in where[i]:
                 found.setdefault(p, []).append(key)
         return found
+
+    @property
+    def replicas(self) -> Replicas:
+        """Return the replicas a watch is planned over: the cluster's (a lone node: its own active copies)."""
+        return self.queries.replicas if self.queries is not None else _LoneNode(self)
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """Return how long a watch waits for a partition no replica serves, and how it backs off."""
+        return self.queries.retry if self.queries is not None else LONE_RETRY
 
     def failover(self, topic: str, max_lag: int | None) -> Failover:
         """Return the failover state of a watch's partitions of topic, until they are all followed again."""
@@ -252,7 +259,7 @@ class Live:
             url = queries.url_of(node)
             if url is None:
                 raise PeerUnavailableError(f"node {node} is not a member of the cluster any more")
-            return open_changes(peers.stream_client(), peers.signer, url, store, principal)
+            return peers.changes(url, store, principal)
 
         broadcast = self.broadcasts.get((node, store, principal), open_counts)
         queue = broadcast.listen()
@@ -288,8 +295,8 @@ class Live:
             if self._definition(store).topic != topic:
                 raise invalid_argument("interest", f"store {store} is not of topic {topic}")
         count = sum(len(keys) for ps in interest.values() for keys in ps.values())
-        if count > live_stream.MAX_FOLLOW_KEYS:
-            raise limit_exceeded("keys a peer follows", live_stream.MAX_FOLLOW_KEYS, count)
+        if count > wire.MAX_FOLLOW_KEYS:
+            raise limit_exceeded("keys a peer follows", wire.MAX_FOLLOW_KEYS, count)
         hosted = {p: self._serves(topic, p, standby) for p in partitions_of(interest)}
         roles = {p: self.role(topic, p) for p in hosted}
 
@@ -342,9 +349,9 @@ class Live:
             url = self.queries.url_of(node) if self.queries is not None else None
             if url is None:
                 raise PeerUnavailableError(f"node {node} is not a member of the cluster any more")
-            body = encode_request(topic, interest, {}, window_from, standby)
+            body = wire.encode_follow(topic, interest, {}, window_from, standby)
             assert self.peers is not None  # noqa: S101
-            return open_follow(self.peers.stream_client(), self.peers.signer, url, body, caller)
+            return self.peers.follow(url, body, caller)
 
         return open_stream
 

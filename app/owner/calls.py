@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from iqgraph.app.catalog import definition_of
 from iqgraph.app.owner.runner import owner_field_of
 from iqgraph.app.query import routing
 from iqgraph.app.query.executor import batches, per_batch
-from iqgraph.app.query.partitions import definition_of
 from iqgraph.schema import wire
 from iqgraph.schema.access import check_read
 from iqgraph.schema.errors import PARTITIONER_MISMATCH, ApiError, api_error, fails_over

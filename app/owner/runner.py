@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructType
 
+from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST, definition_of
 from iqgraph.app.owner.views import StoreViews
-from iqgraph.app.query.partitions import FAR_FUTURE, FAR_PAST, definition_of
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.errors import INTERNAL, TIMEOUT, ApiError, api_error, fails_over
 from iqgraph.schema.owner_fields import value_converter
@@ -376,7 +376,7 @@ class OwnerFieldRunner:
 
         The lookups' own checks (``LocalPartitions``): not hosted → STORE_MIGRATED, not queryable → STORE_NOT_READY.
         """
-        stores, positions, lags = self.local._positions(routing, partitions)
+        stores, positions, lags = self.local.positions(routing, partitions)
         refused = next((e for e in stores.values() if isinstance(e, StoreError)), None)
         if refused is not None:
             return refused

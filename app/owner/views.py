@@ -27,8 +27,8 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST, definition_of
 from iqgraph.app.query.merging import combiner, finalize, key_codec
-from iqgraph.app.query.partitions import FAR_FUTURE, FAR_PAST, definition_of
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.stores import Key, KeyCodec, StoreKind, WindowedValue
 
@@ -207,7 +207,7 @@ def _opener(
         app = local.app
         definition = definition_of(app, store, kind)
         # the partitions' own checks: not hosted -> STORE_MIGRATED, not queryable -> STORE_NOT_READY
-        hosted = [local._hosted(definition, p) for p in _partitions_of(local, routing, partitions, definition)]
+        hosted = [local.hosted(definition, p) for p in _partitions_of(local, routing, partitions, definition)]
         return cls(definition, _read_methods(cls, definition, hosted), key_codec(app, definition))
 
     return open_view

@@ -21,20 +21,18 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST, definition_of
 from iqgraph.app.query.merging import combiner
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.errors import INTERNAL, ApiError
 from iqgraph.schema.types import (
     Answer,
-    EntityInfo,
     NodeInfo,
     PartitionInfo,
     PipelineInfo,
     Read,
-    RelationInfo,
     Request,
     Scan,
-    StoreInfo,
 )
 from iqgraph.stores import (
     Page,
@@ -44,12 +42,10 @@ from iqgraph.stores import (
     StoreKind,
     StoreMigratedError,
     StoreNotReadyError,
-    UnknownStoreError,
 )
 from iqgraph.streaming.definitions import App, StoreDefinition
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import DataType
 
     from iqgraph.stores import Key
 
@@ -64,49 +60,6 @@ class OwnerFieldCalls(Protocol):
     ) -> Answer[list[Any]]:
         """Return the field's value per (key, partitions), run here for caller."""
         ...
-FAR_PAST, FAR_FUTURE = -(1 << 62), 1 << 62
-
-
-def store_info(app: App, store: StoreDefinition, value_type: DataType) -> StoreInfo:
-    """Return the metadata the schema shows for a store."""
-    topic = app.topic(store.topic)
-    return StoreInfo(
-        name=store.name,
-        kind=store.kind.value,
-        key_type=store.resolved_key_type(topic),
-        value_type=value_type,
-        topic=topic.name,
-        partitions=topic.partitions,
-        co_partitioned=store.co_partitioned,
-        description=store.description,
-        aggregation=None if store.kind in (StoreKind.BLOOM, StoreKind.RANKING) else store.aggregate.kind,
-        window_size_ms=store.window.size_ms if store.window else None,
-        window_advance_ms=store.window.advance if store.window else None,
-        false_positive_rate=store.bloom.error_rate if store.bloom else None,
-        relations=tuple(RelationInfo(r.field, r.entity, r.column) for r in store.relations),
-        table=topic.table,
-        extra={"ranks": store.ranks, "group": store.group} if store.kind is StoreKind.RANKING else {},
-    )
-
-
-def entity_infos(app: App) -> list[EntityInfo]:
-    """Return the entities the schema shows: the app's, with their shared key type."""
-    return [
-        EntityInfo(e.name, app.entity_key_type(e), tuple(e.stores), e.plural_field, e.table, e.description)
-        for e in app.entities
-    ]
-
-
-def definition_of(app: App, store: str, kind: StoreKind | None = None) -> StoreDefinition:
-    """Return the definition of store (of kind, if given); raise UnknownStoreError otherwise."""
-    try:
-        definition = app.store(store)
-    except KeyError:
-        known = ", ".join(s.name for s in app.stores)
-        raise UnknownStoreError(f"no store named {store!r} (stores: {known})") from None
-    if kind is not None and definition.kind is not kind:
-        raise UnknownStoreError(f"store {store!r} is a {definition.kind.value} store, not {kind.value}")
-    return definition
 
 
 class LocalPartitions:
@@ -170,7 +123,8 @@ class LocalPartitions:
         end = self._end_offset(topic, partition)
         return None if end is None else max(end - applied, 0)
 
-    def _hosted(self, definition: StoreDefinition, partition: int) -> PartitionStores:
+    def hosted(self, definition: StoreDefinition, partition: int) -> PartitionStores:
+        """Return the stores of a partition this node hosts and can read now; raise why not (coded)."""
         stores = self.partitions.get(definition.topic, {}).get(partition)
         if stores is None:
             raise StoreMigratedError(f"partition {definition.topic}-{partition} is not hosted by {self.node_id}")
@@ -181,7 +135,7 @@ class LocalPartitions:
             )
         return stores
 
-    def _positions(
+    def positions(
         self, definition: StoreDefinition, partitions: Sequence[int]
     ) -> tuple[dict[int, PartitionStores | StoreError], dict[int, int], dict[int, int]]:
         """Return the stores of each partition (or why it cannot be read), positions and lags, before any data."""
@@ -190,7 +144,7 @@ class LocalPartitions:
         lags: dict[int, int] = {}
         for p in partitions:
             try:
-                found = stores[p] = self._hosted(definition, p)
+                found = stores[p] = self.hosted(definition, p)
             except StoreError as exc:
                 stores[p] = exc
                 continue
@@ -217,7 +171,7 @@ class LocalPartitions:
         positions: dict[int, int] = {}
         lags: dict[int, int] = {}
         for partitions, indexes in by_partitions.items():
-            stores, read_at, lagging = self._positions(definition, partitions)
+            stores, read_at, lagging = self.positions(definition, partitions)
             failed = next((e for e in stores.values() if isinstance(e, StoreError)), None)
             if failed is not None:
                 for i in indexes:
@@ -252,7 +206,7 @@ class LocalPartitions:
     ) -> Answer[dict[int, Page[Any] | StoreError]]:
         """Return one page of states per given partition, each resumed at its position (or why it failed)."""
         definition = definition_of(self.app, store)
-        stores, read_at, lags = self._positions(definition, partitions)
+        stores, read_at, lags = self.positions(definition, partitions)
         pages: dict[int, Page[Any] | StoreError] = {}
         for p, found in stores.items():
             try:
@@ -288,7 +242,7 @@ class LocalPartitions:
         filters' estimate: an exact count would need the keys.
         """
         definition = definition_of(self.app, store)
-        stores, read_at, lags = self._positions(definition, partitions)
+        stores, read_at, lags = self.positions(definition, partitions)
         counts: dict[int, int | StoreError] = {}
         for p, found in stores.items():
             try:

@@ -23,6 +23,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from iqgraph.app.catalog import definition_of, store_info
 from iqgraph.app.cluster.membership import ClusterMap, Membership
 from iqgraph.app.cluster.peers import PeerClient
 from iqgraph.app.cluster.replicas import PeerStates
@@ -40,7 +41,7 @@ from iqgraph.app.query.executor import (
     per_batch,
 )
 from iqgraph.app.query.merging import combiner, finalize_items, finalize_many, scan_merge
-from iqgraph.app.query.partitions import LocalPartitions, definition_of, store_info
+from iqgraph.app.query.partitions import LocalPartitions
 from iqgraph.app.query.rankings import decode_rank_cursor, encode_rank_cursor, partition_positions
 from iqgraph.app.query.scatter import decode_positions, merge_pages, merged_page
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read

@@ -41,7 +41,6 @@ from iqgraph.schema.errors import UNAUTHENTICATED
 log = logging.getLogger(__name__)
 
 #: The path of the internal endpoint peers send forwarded sub-requests to.
-INTERNAL_PATH = "/internal/graphql"
 #: How far a signed request's timestamp may be from the receiver's clock, in seconds (either way).
 WINDOW_S = 30.0
 #: The headers of a signed sub-request.

@@ -26,10 +26,11 @@ import orjson
 import pytest
 
 from iqgraph.examples.shop import build_app
-from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
-from tests.app.cluster_nodes import NodeProcess, start_node, wait_ready
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port, produce
 from tests.conftest import MakeTopic
-from tests.streaming.test_pipeline import START_MS
+from tests.support.nodes import NodeProcess, start_node, wait_ready
+from tests.support.pipeline import START_MS
 
 PARTITIONS = 2
 TIMEOUT_MS = 2_000
@@ -61,7 +62,7 @@ def _write_app(home: Path, topic: str, bootstrap: str) -> None:
 
 @pytest.fixture(scope="module")
 def node(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NodeProcess]:
     topic = make_topic(PARTITIONS, prefix="orders")
     generator = build_app(topic, PARTITIONS).generator

@@ -10,21 +10,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.streaming.apache_kafka import KafkaBroker
 from tests.conftest import MakeTopic
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def iqgraph(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "iqgraph.app.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
+from tests.support.cli import iqgraph
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -107,7 +95,7 @@ def test_a_state_dir_that_is_not_ours_is_one_clear_line(tmp_path: Path) -> None:
     assert_one_line_error(result, "not an iqgraph state directory")
 
 
-def test_a_locked_state_dir_is_one_clear_line(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path) -> None:
+def test_a_locked_state_dir_is_one_clear_line(broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path) -> None:
     topic = make_topic(2, prefix="orders")
     module = tmp_path / "lockapp.py"
     module.write_text(
@@ -152,7 +140,7 @@ def test_a_locked_state_dir_is_one_clear_line(broker: EmbeddedBroker, make_topic
         holder.wait()
 
 
-def test_produce_sends_count_generated_events(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path) -> None:
+def test_produce_sends_count_generated_events(broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path) -> None:
     topic = make_topic(3, prefix="orders")
     module = f"from iqgraph.examples.shop import build_app\napp = build_app({topic!r}, 3)\n"
     (tmp_path / "prodapp.py").write_text(module)
@@ -164,7 +152,6 @@ def test_produce_sends_count_generated_events(broker: EmbeddedBroker, make_topic
         "250",
         "--seed",
         "3",
-        "--one-record-per-request",
         "--bootstrap-servers",
         broker.bootstrap_servers,
         cwd=tmp_path,

@@ -18,16 +18,17 @@ import jwt
 import orjson
 import pytest
 
-from iqgraph.app.security.peer_auth import INTERNAL_PATH, PeerSigner
+from iqgraph.app.security.peer_auth import PeerSigner
 from iqgraph.examples.shop import build_app
 from iqgraph.schema import wire
 from iqgraph.schema.access import Principal
-from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.schema.wire import INTERNAL_PATH
+from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.partitioner import partition_for
-from tests.app.cluster_nodes import CLUSTER_SECRET, NodeProcess, start_nodes, wait_ready, write_app_module
 from tests.conftest import MakeTopic
-from tests.streaming.ground_truth import Expected, expected
-from tests.streaming.test_pipeline import START_MS, send
+from tests.support.ground_truth import Expected, expected
+from tests.support.nodes import CLUSTER_SECRET, NodeProcess, start_nodes, wait_ready, write_app_module
+from tests.support.pipeline import START_MS, send
 
 PARTITIONS = 6
 EVENTS = 3_000
@@ -51,7 +52,7 @@ def bearer(scope: str, **claims: Any) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cluster(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[list[NodeProcess], Expected, str]]:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)
@@ -277,7 +278,7 @@ def test_when_a_node_dies_standbys_answer_with_lag_or_keys_fail_clearly(cluster:
     counts = truth.kv["order_count"]
     keys = sorted(counts)
     nodes[2].process.send_signal(signal.SIGKILL)
-    nodes[2].process.wait()
+    nodes[2].process.wait(timeout=60)
     time.sleep(3)  # health checks notice
     stale = nodes[0].post(GET_MANY, {"k": keys})
     assert stale["data"]["orderCount"]["getMany"] == [counts[k] for k in keys]

@@ -19,13 +19,14 @@ import httpx
 import pytest
 
 from iqgraph.examples.shop import build_app
-from iqgraph.streaming.broker import EmbeddedBroker, free_port
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port
 from iqgraph.streaming.partitioner import partition_for
-from tests.app.cluster_load import GET_MANY, Answered, Ingest, readyz
-from tests.app.cluster_nodes import NodeProcess, restart_node, start_node, wait_ready, write_app_module
 from tests.conftest import MakeTopic
-from tests.streaming.ground_truth import expected
-from tests.streaming.test_pipeline import START_MS, send
+from tests.support.cluster_load import GET_MANY, Answered, Ingest, readyz
+from tests.support.ground_truth import expected
+from tests.support.nodes import NodeProcess, restart_node, start_node, wait_ready, write_app_module
+from tests.support.pipeline import START_MS, send
 
 PARTITIONS = 6
 NODES = "{ nodes { id state partitions { partition role state appliedOffset endOffset } } }"
@@ -44,7 +45,7 @@ def _active(node: NodeProcess) -> dict[str, list[int]]:
 
 
 def test_a_second_node_takes_partitions_which_restore_and_answer_the_same(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)
@@ -234,7 +235,7 @@ def _out_of_bounds(answer: Answered, ingest: Ingest, initial: int) -> list[str]:
 
 
 def test_a_member_killed_and_restarted_under_load_loses_no_answer(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     """Warm-up replicas: a crashed member's partitions go to their standbys at once; back, it takes them again
     only once caught up. Reads of every key on the survivors never fail, never return a silent null."""
@@ -261,7 +262,7 @@ def test_a_member_killed_and_restarted_under_load_loses_no_answer(
         time.sleep(3)
         killed = time.monotonic()
         nodes[2].process.send_signal(signal.SIGKILL)
-        nodes[2].process.wait()
+        nodes[2].process.wait(timeout=60)
         time.sleep(OUTAGE_S)
         restarted = time.monotonic()
         nodes[2] = restart_node(nodes[2])

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +13,7 @@ from ruamel.yaml import YAML
 
 from iqgraph.app.loading import load_app
 from iqgraph.app.settings import ENV_PREFIX, Settings
-
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = ROOT / "docker-compose.yml"
-
-
-def check_jsonschema(path: Path) -> subprocess.CompletedProcess[str]:
-    tool = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent))
-    assert tool is not None, "check-jsonschema is a test dependency: pip install -e '.[test]'"
-    command = [tool, "--builtin-schema", "vendor.compose-spec", str(path)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+from tests.support.compose import COMPOSE, ROOT, check_jsonschema
 
 
 @pytest.fixture(scope="module")

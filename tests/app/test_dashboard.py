@@ -25,11 +25,12 @@ import pytest
 
 from iqgraph.app.dev.example_query import INTROSPECTION, example_subscription, schema_from_introspection
 from iqgraph.examples.shop import ITEMS, _iso, build_app
-from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port, produce
 from iqgraph.streaming.definitions import DefinitionError
-from tests.app.cluster_nodes import ROOT, NodeProcess, start_node, wait_ready, write_app_module
-from tests.browser import browser_page, require_chromium
 from tests.conftest import MakeTopic
+from tests.support.browser import browser_page, require_chromium
+from tests.support.nodes import ROOT, NodeProcess, start_node, wait_ready, write_app_module
 
 PARTITIONS = 2
 CUSTOMERS = 40
@@ -54,7 +55,7 @@ PAGE = """JSON.stringify({
 
 @pytest.fixture(scope="module")
 def node(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[NodeProcess, str]]:
     topic = make_topic(PARTITIONS, prefix="dashboard")
     home = tmp_path_factory.mktemp("dashboard-node")
@@ -123,7 +124,7 @@ def settled(page: Any, served: NodeProcess, since: str, produced: int) -> dict[s
 
 @pytest.mark.slow
 def test_the_page_follows_orders_per_minute_and_the_top_customers_live(
-    node: tuple[NodeProcess, str], broker: EmbeddedBroker, tmp_path: Path
+    node: tuple[NodeProcess, str], broker: KafkaBroker, tmp_path: Path
 ) -> None:
     served, topic = node
     chromium = require_chromium()
@@ -176,7 +177,7 @@ def test_the_readme_shows_the_client_this_module_runs() -> None:
 
 
 @pytest.mark.slow
-def test_the_readme_client_follows_a_key(node: tuple[NodeProcess, str], broker: EmbeddedBroker) -> None:
+def test_the_readme_client_follows_a_key(node: tuple[NodeProcess, str], broker: KafkaBroker) -> None:
     served, topic = node
     key = "customer-0999"  # no order of the dashboard test has it
     follower = subprocess.Popen(
@@ -205,7 +206,7 @@ def test_the_readme_client_follows_a_key(node: tuple[NodeProcess, str], broker: 
 
 @pytest.mark.slow
 def test_the_subscription_dev_prints_runs_in_graphiql(
-    node: tuple[NodeProcess, str], broker: EmbeddedBroker, tmp_path: Path
+    node: tuple[NodeProcess, str], broker: KafkaBroker, tmp_path: Path
 ) -> None:
     served, topic = node
     key = "customer-0998"

@@ -22,10 +22,11 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from iqgraph.streaming.broker import EmbeddedBroker, free_port
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port
 from iqgraph.streaming.partitioner import partition_for
-from tests.app.test_cli import iqgraph
 from tests.conftest import MakeTopic
+from tests.support.cli import iqgraph
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PARTITIONS = 9
@@ -87,12 +88,12 @@ def test_a_users_app_package_and_schema_module_load_beside_iqgraph(tmp_path: Pat
 
 
 def test_produce_file_routes_like_the_app_and_reports_bad_lines(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(PARTITIONS, prefix="bookings")
     write_project(tmp_path, topic)
     records = write_data(tmp_path / "data.jsonl", 120, bad_line_at=3)
-    result = iqgraph("produce", "--app", "app.main:app", "--file", "data.jsonl", "--one-record-per-request",
+    result = iqgraph("produce", "--app", "app.main:app", "--file", "data.jsonl",
                      "--bootstrap-servers", broker.bootstrap_servers, cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1, result  # a bad line is reported, not silently dropped
     assert "line 3: not JSON" in result.stderr and "Traceback" not in result.stderr
@@ -105,7 +106,7 @@ def test_produce_file_routes_like_the_app_and_reports_bad_lines(
 
 
 def test_produce_reads_stdin_and_says_what_an_app_without_generator_needs(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(PARTITIONS, prefix="bookings")
     write_project(tmp_path, topic)
@@ -114,14 +115,14 @@ def test_produce_reads_stdin_and_says_what_an_app_without_generator_needs(
     write_data(tmp_path / "data.jsonl", 30)
     result = subprocess.run(
         [sys.executable, "-m", "iqgraph.app.cli", "produce", "--app", "app.main:app", "--file", "-",
-         "--one-record-per-request", "--bootstrap-servers", broker.bootstrap_servers],
+         "--bootstrap-servers", broker.bootstrap_servers],
         cwd=tmp_path, stdin=(tmp_path / "data.jsonl").open(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert len(read_topic(broker.bootstrap_servers, topic, 30)) == 30
 
 
-def test_serve_create_topics_creates_the_missing_input_topics(broker: EmbeddedBroker, tmp_path: Path) -> None:
+def test_serve_create_topics_creates_the_missing_input_topics(broker: KafkaBroker, tmp_path: Path) -> None:
     topic = f"bookings-new-{time.monotonic_ns()}"
     write_project(tmp_path, topic)
     command = [sys.executable, "-m", "iqgraph.app.cli", "serve", "--app", "app.main:app", "--create-topics",
@@ -301,7 +302,7 @@ def test_dev_without_data_prints_the_produce_line_and_ctrl_c_while_starting_stop
         os.killpg(dev.process.pid, signal.SIGKILL)
         raise
     assert line == (
-        f"iqgraph produce --app app.main:app --bootstrap-servers {broker} --one-record-per-request --file data.jsonl"
+        f"iqgraph produce --app app.main:app --bootstrap-servers {broker} --file data.jsonl"
     )
     output = dev.ctrl_c()
     assert dev.process.returncode == 0, output
@@ -326,17 +327,37 @@ def test_a_kill_or_hangup_of_dev_stops_its_nodes_and_broker_first(tmp_path: Path
         assert processes_of(run) == [] and closed(broker), output
 
 
-def test_dev_refuses_an_earlier_runs_state_dir_and_a_zero_rate(tmp_path: Path) -> None:
+def test_dev_refuses_a_zero_rate(tmp_path: Path) -> None:
     write_project(tmp_path, "bookings")
-    (tmp_path / "old" / "node-0").mkdir(parents=True)
-    result = iqgraph("dev", "--app", "app.main:app", "--state-dir", "old", cwd=tmp_path)
-    assert result.returncode == 2 and "holds an earlier run's stores" in result.stderr, result
     zero = iqgraph("dev", "--app", "app.main:app", "--rate", "0", cwd=tmp_path)
     assert zero.returncode == 2 and "0 must be more than 0" in zero.stderr and "Traceback" not in zero.stderr
 
 
-def test_create_topics_makes_inputs_and_the_dead_letter_topic_once(broker: EmbeddedBroker) -> None:
-    from iqgraph.app.dev.topics import create_topics
+@pytest.mark.slow
+def test_dev_restarted_on_its_state_dir_goes_on_with_the_brokers_topics_and_records(tmp_path: Path) -> None:
+    """The embedded broker keeps its data under the state dir: a second run serves the first run's records."""
+    write_project(tmp_path, "bookings")
+    records = write_data(tmp_path / "data.jsonl", 80)
+    guest = records[0]["key"]
+    query = f'{{ bookingsPerGuest {{ get(key: "{guest}") }} }}'
+    answers = []
+    for flags in (["--data", "data.jsonl"], []):
+        port = free_port()
+        dev = DevProcess(tmp_path, *flags, "--port", str(port), "--state-dir", str(tmp_path / "run"))
+        try:
+            dev.read_until("Ctrl-C stops everything")
+            response = httpx.post(f"http://127.0.0.1:{port}/graphql", json={"query": query}, timeout=30).json()
+        except BaseException:
+            os.killpg(dev.process.pid, signal.SIGKILL)
+            raise
+        output = dev.ctrl_c()
+        assert dev.process.returncode == 0 and "Traceback" not in output, output
+        answers.append(response["data"]["bookingsPerGuest"]["get"])
+    assert answers == [sum(r["key"] == guest for r in records)] * 2
+
+
+def test_create_topics_makes_inputs_and_the_dead_letter_topic_once(broker: KafkaBroker) -> None:
+    from iqgraph.app.cluster.topics import create_topics
     from iqgraph.examples.shop import build_app
     from iqgraph.streaming.definitions import KafkaSettings
 

@@ -17,13 +17,14 @@ import pytest
 
 from iqgraph.examples import customers as example
 from iqgraph.examples.shop import ITEMS, PRODUCT_SCHEMA, product
-from iqgraph.streaming.broker import EmbeddedBroker, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import produce
 from iqgraph.streaming.definitions import App, Entity, Relation, Topic, table_store
 from iqgraph.streaming.partitioner import partition_for
-from tests.app.cluster_nodes import NodeProcess, start_nodes, wait_ready
 from tests.conftest import MakeTopic
-from tests.streaming.ground_truth import event_ms
-from tests.streaming.test_pipeline import START_MS
+from tests.support.ground_truth import event_ms
+from tests.support.nodes import NodeProcess, start_nodes, wait_ready
+from tests.support.pipeline import START_MS
 
 PARTITIONS = 6
 EVENTS = 4_000
@@ -98,7 +99,7 @@ def ground_truth(orders: list[tuple[str, dict[str, Any]]], changes: list[tuple[s
 
 @pytest.fixture(scope="module")
 def crm(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[list[NodeProcess], Truth]]:
     orders, customers = make_topic(PARTITIONS, prefix="orders"), make_topic(PARTITIONS, prefix="customers")
     products = make_topic(2, prefix="products")

@@ -24,13 +24,13 @@ import httpx
 import pytest
 
 from iqgraph.examples.shop import build_app
-from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.partitioner import partition_for
-from tests.app.cluster_load import Answered, Ingest, ask, readyz
-from tests.app.cluster_nodes import NodeProcess, restart_node, scrape, start_nodes, wait_ready, write_app_module
-from tests.app.live_follower import Follower, TopFollower, wrong_values
 from tests.conftest import MakeTopic
-from tests.streaming.test_pipeline import START_MS
+from tests.support.cluster_load import Answered, Ingest, ask, readyz
+from tests.support.live_follower import Follower, TopFollower, wrong_values
+from tests.support.nodes import NodeProcess, restart_node, scrape, start_nodes, wait_ready, write_app_module
+from tests.support.pipeline import START_MS
 
 PARTITIONS = 6
 INITIAL = 3_000  # events produced before the cluster starts
@@ -161,7 +161,7 @@ def watch_restore(run: Run, client: httpx.Client, timeout: float = 150) -> None:
 
 
 @pytest.fixture(scope="module")
-def run(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+def run(broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """Start 3 nodes, then under ingest and query load kill -9 node-2, restart it and wait until it is ready."""
     started = time.monotonic()
     topic = make_topic(PARTITIONS, prefix="orders")
@@ -195,7 +195,7 @@ def run(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.
             result.applied_at_kill = wait_applying(client, nodes[2])
             result.killed = time.monotonic()
             nodes[2].process.send_signal(signal.SIGKILL)
-            nodes[2].process.wait()
+            nodes[2].process.wait(timeout=60)
             time.sleep(OUTAGE_S)
             result.restarted = time.monotonic()
             nodes[2] = restart_node(nodes[2])
@@ -306,7 +306,7 @@ def test_a_restoring_active_is_passed_over_for_its_caught_up_standby(run: Run) -
 
 
 def test_a_subscriber_on_another_node_follows_through_the_kill_without_gap_or_duplicate(
-    run: Run, broker: EmbeddedBroker
+    run: Run, broker: KafkaBroker
 ) -> None:
     """node-1 follows keys of every partition: its own, node-0's (one upstream to node-0) and node-2's — across
     node-2's kill -9 those come from node-0's standby copies, their lag reported, then from node-2 again once it

@@ -1,4 +1,4 @@
-"""GroupMembership on the embedded Tansu broker: join, rebalance on join and leave, standbys, crash expiry,
+"""GroupMembership on the embedded Apache Kafka broker: join, rebalance on join and leave, standbys, crash expiry,
 warm-up replicas; and build_map's rules (pure)."""
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from iqgraph.app.cluster.group_membership import (
 )
 from iqgraph.app.cluster.membership import ClusterMap, Member, PartitionOwners
 from iqgraph.app.cluster.replicas import ReplicaState
-from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.streaming.apache_kafka import KafkaBroker
 from tests.conftest import MakeTopic
 
 PARTITIONS = 6
-#: Tansu finishes a join or rebalance in about half the session timeout; real Kafka refuses less than 6 s by default.
+#: The embedded broker accepts session timeouts from 1 s (group.min.session.timeout.ms; Kafka's default floor: 6 s).
 SESSION_MS = 2000
 DEADLINE_S = 20.0
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def topic(make_topic: MakeTopic) -> str:
 
 
 @pytest.fixture
-def join(broker: EmbeddedBroker, topic: str) -> Iterator[Join]:
+def join(broker: KafkaBroker, topic: str) -> Iterator[Join]:
     """Return join(node_id, standbys=0): a started member of a fresh group over topic; all stop at teardown."""
     app, started = f"app-{uuid.uuid4().hex[:8]}", []
 
@@ -99,7 +99,7 @@ def read_metadata(bootstrap: str, app: str) -> dict[str, bytes | None]:
     return latest
 
 
-def test_one_member_gets_every_partition_and_publishes_it(join: Join, topic: str, broker: EmbeddedBroker) -> None:
+def test_one_member_gets_every_partition_and_publishes_it(join: Join, topic: str, broker: KafkaBroker) -> None:
     started = time.monotonic()
     node = join("a")
     joined_s = time.monotonic() - started
@@ -160,7 +160,7 @@ def test_a_stopping_member_hands_its_partitions_back(join: Join, topic: str) -> 
     assert back_s < DEADLINE_S
 
 
-def test_a_crashed_member_expires_from_the_map(join: Join, topic: str, broker: EmbeddedBroker) -> None:
+def test_a_crashed_member_expires_from_the_map(join: Join, topic: str, broker: KafkaBroker) -> None:
     first = join("a")
     child = subprocess.Popen(  # noqa: S603 - our own interpreter running our own module
         [sys.executable, "-c", CRASHING_MEMBER, broker.bootstrap_servers, first.app_name, topic],
@@ -189,19 +189,19 @@ time.sleep(600)
 """
 
 
-def test_start_names_a_missing_input_topic(broker: EmbeddedBroker) -> None:
+def test_start_names_a_missing_input_topic(broker: KafkaBroker) -> None:
     member = GroupMembership("a", url_of("a"), "app-missing", {"no-such-topic": 3}, broker.bootstrap_servers)
     with pytest.raises(GroupMembershipError, match="'no-such-topic' does not exist"):
         member.start()
 
 
-def test_start_gives_up_at_its_deadline_with_a_clear_error(broker: EmbeddedBroker, topic: str) -> None:
+def test_start_gives_up_at_its_deadline_with_a_clear_error(broker: KafkaBroker, topic: str) -> None:
     member = GroupMembership(
         "a", url_of("a"), "app-impatient", {topic: PARTITIONS}, broker.bootstrap_servers,
         session_timeout_ms=SESSION_MS, start_timeout_s=0.2,
     )  # fmt: skip
     with pytest.raises(GroupMembershipError, match="got no assignment from consumer group 'app-impatient'"):
-        member.start()  # Tansu needs about a second to answer the first join
+        member.start()  # the coordinator needs more than 0.2 s to answer the first join
 
 
 def test_build_map_prefers_the_highest_generation_and_drops_silent_members() -> None:

@@ -9,11 +9,8 @@ errors with codes, never a 500 or a traceback; SIGTERM shuts the node down clean
 from __future__ import annotations
 
 import itertools
-import os
 import signal
 import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,11 +22,13 @@ import orjson
 import pytest
 
 from iqgraph.examples.shop import build_app
-from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port, produce
 from iqgraph.streaming.partitioner import crc32_partition
 from tests.conftest import MakeTopic
-from tests.streaming.ground_truth import Expected, expected
-from tests.streaming.test_pipeline import START_MS
+from tests.support.ground_truth import Expected, expected
+from tests.support.nodes import start_serve, wait_ready, write_app_module
+from tests.support.pipeline import START_MS
 
 LIBRDKAFKA_DEFAULT_PARTITIONER = "consistent_random"
 
@@ -55,22 +54,8 @@ class Served:
         return body["data"]
 
 
-def _wait_ready(url: str, process: subprocess.Popen[str], log: Path, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"iqgraph serve exited {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"node not ready after {timeout} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
-def served(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)
     assert app.generator is not None
@@ -79,48 +64,16 @@ def served(broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pyte
     records = [(k.encode(), orjson.dumps(v), None) for k, v in events]
     produce(broker.bootstrap_servers, topic, records, {"partitioner": LIBRDKAFKA_DEFAULT_PARTITIONER})
     home = tmp_path_factory.mktemp("served")
-    (home / "httpapp.py").write_text(
-        textwrap.dedent(f"""
-        from iqgraph.examples.shop import build_app
-        from iqgraph.streaming.definitions import KafkaSettings
-        app = build_app({topic!r}, {PARTITIONS}, KafkaSettings(bootstrap_servers={broker.bootstrap_servers!r}))
-    """)
-    )
-    port = free_port()
-    log = home / "serve.log"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "iqgraph.app.cli",
-            "serve",
-            "--app",
-            "httpapp:app",
-            "--port",
-            str(port),
-            "--state-dir",
-            str(home / "state"),
-            "--spark-master",
-            "local[2]",
-            "--max-keys",
-            "600",
-            "--max-page-size",
-            "200",
-        ],
-        cwd=home,
-        env={**os.environ, "PYTHONPATH": str(home)},
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    write_app_module(home, "httpapp", topic, PARTITIONS, broker.bootstrap_servers)
+    flags = [
+        "--state-dir", str(home / "state"), "--spark-master", "local[2]", "--max-keys", "600", "--max-page-size", "200",
+    ]  # fmt: skip
+    node = start_serve(home, "httpapp", free_port(), flags, log=home / "serve.log")
     try:
-        _wait_ready(url, process, log)
-        yield Served(url, process, events, expected(app, events), log)
+        wait_ready([node], timeout=240)
+        yield Served(node.url, node.process, events, expected(app, events), node.log)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        node.kill()
 
 
 def test_values_over_http_equal_the_ground_truth(served: Served) -> None:

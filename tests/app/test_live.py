@@ -18,7 +18,8 @@ import pytest
 from iqgraph.schema import Limits
 from iqgraph.schema.access import Principal
 from iqgraph.streaming.change_feed import ChangeFeed
-from tests.app.live_shop import (
+from tests.support.apps import iso
+from tests.support.live_shop import (
     KEYS,
     MINUTE,
     START_MS,
@@ -29,7 +30,6 @@ from tests.app.live_shop import (
     open_live_shop,
     where,
 )
-from tests.schema.apps import iso
 
 
 @pytest.fixture

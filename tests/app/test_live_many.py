@@ -23,7 +23,7 @@ import pytest
 
 from iqgraph.app.live import watch as live_module
 from iqgraph.streaming.change_feed import ChangeFeed
-from tests.app.live_shop import WATCH, Events, LiveShop, open_live_shop, where
+from tests.support.live_shop import WATCH, Events, LiveShop, open_live_shop, where
 
 SUBSCRIPTIONS = 1_000
 KEYS = [f"k{i}" for i in range(200)]

@@ -11,10 +11,11 @@ from typing import Any
 import orjson
 import pytest
 
-from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
-from tests.app.cluster_nodes import NodeProcess, start_node, wait_ready, write_app_module
-from tests.app.test_live_transports import TransportWS, websocket
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port, produce
 from tests.conftest import MakeTopic
+from tests.support.nodes import NodeProcess, start_node, wait_ready, write_app_module
+from tests.support.transport_ws import TransportWS, websocket
 
 pytestmark = pytest.mark.slow
 PARTITIONS = 2
@@ -26,7 +27,7 @@ WATCH = """subscription($keys: [String!]!) {
 
 @pytest.fixture(scope="module")
 def node(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[NodeProcess, str]]:
     topic = make_topic(PARTITIONS, prefix="live")
     home = tmp_path_factory.mktemp("live-node")
@@ -45,7 +46,7 @@ def order(i: int, key: str) -> tuple[bytes, bytes, None]:
 
 
 def test_produced_orders_reach_a_subscriber_in_offset_order(
-    node: tuple[NodeProcess, str], broker: EmbeddedBroker
+    node: tuple[NodeProcess, str], broker: KafkaBroker
 ) -> None:
     served, topic = node
     with websocket(served.url.removeprefix("http://")) as raw:

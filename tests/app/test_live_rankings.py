@@ -19,9 +19,9 @@ from iqgraph.schema import Limits
 from iqgraph.schema.access import Principal
 from iqgraph.streaming.definitions import App, Entity, ranking_store
 from iqgraph.streaming.sink import PartitionBatch
-from tests.app.live_shop import MINUTE, START_MS, LiveShop, open_live_shop, where
-from tests.schema.apps import iso
-from tests.streaming.test_change_feed import Orders, shop_app
+from tests.support.apps import iso
+from tests.support.feed_shop import Orders, shop_app
+from tests.support.live_shop import MINUTE, START_MS, LiveShop, open_live_shop, where
 
 WATCH_TOP = """subscription($group: String, $first: Int) {
   %s(group: $group, first: $first) { group entries { member value rank } }

@@ -2,7 +2,7 @@
 
 No Spark, no HTTP: node B's ``Live`` follows every partition on a peer "node-a" through its ``Relays``; the
 upstream is either a controllable fake (``Upstreams``: the rows a test pushes) or node A's real
-``Live.serve_peer`` over the in-process shop (``tests.app.live_shop``).
+``Live.serve_peer`` over the in-process shop (``tests.support.live_shop``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from iqgraph.app.query import routing
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.types import LiveChange
 from iqgraph.streaming.change_feed import ChangeFeed
-from tests.app.live_shop import KEYS, MINUTE, START_MS, TOPIC, LiveShop, open_live_shop, where
-from tests.streaming.test_change_feed import shop_app
+from tests.support.feed_shop import shop_app
+from tests.support.live_shop import KEYS, MINUTE, START_MS, TOPIC, LiveShop, open_live_shop, where
 
 PEER = "node-a"
 

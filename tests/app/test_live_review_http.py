@@ -9,26 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from iqgraph.app.cluster.peers import PeerClient
-from iqgraph.app.live.stream import CHANGES_PATH, StreamEndpoint, changes_events
+from iqgraph.app.live.stream import StreamEndpoint, changes_events
 from iqgraph.app.live.watch import Live
-from iqgraph.app.security.peer_auth import INTERNAL_PATH, PeerGate, PeerVerifier
+from iqgraph.app.security.peer_auth import PeerGate, PeerVerifier
 from iqgraph.schema.access import ANONYMOUS, Principal
-from iqgraph.streaming.broker import free_port
+from iqgraph.schema.wire import CHANGES_PATH, INTERNAL_PATH
 from iqgraph.streaming.change_feed import ChangeFeed
-from tests.app.live_shop import LiveShop, open_live_shop
+from tests.support.live_shop import LiveShop, open_live_shop
+from tests.support.servers import serve_in_thread
 
 SECRET = "review-cluster-secret-0123456789abcdef"  # noqa: S105 - a test cluster's
 
@@ -45,16 +44,8 @@ def node_a(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Live
         Route(CHANGES_PATH, PeerGate(StreamEndpoint(changes_events(lambda: shop.live)), verifier), methods=["POST"]),
         Route(INTERNAL_PATH, PeerGate(_internal, verifier), methods=["POST"]),
     ]
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(Starlette(routes=routes), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", shop
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(Starlette(routes=routes), log_level="warning") as url:
+        yield url, shop
     shop.close()
 
 

@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import orjson
 import pytest
-import uvicorn
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import ClientConnection, connect
 
 from iqgraph.app.http.server import build_asgi
 from iqgraph.app.node import Node
@@ -25,8 +21,9 @@ from iqgraph.app.security.auth import Authenticator
 from iqgraph.app.security.gate import init_authenticator
 from iqgraph.app.settings import Settings
 from iqgraph.schema import GraphQLApp
-from iqgraph.streaming.broker import free_port
-from tests.app.live_shop import KEYS, WATCH, WATCH_WINDOWS, LiveShop, open_live_shop, where
+from tests.support.live_shop import KEYS, WATCH, WATCH_WINDOWS, LiveShop, open_live_shop, where
+from tests.support.servers import serve_in_thread
+from tests.support.transport_ws import TransportWS, websocket
 
 READER_KEY = "ik_live_reader_0123456789abcdef"  # may read per_key only
 TIMEOUT_MS = 300
@@ -53,16 +50,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LiveSh
         max_subscriptions_per_connection=2,
     )
     asgi = build_asgi(Node(settings, shop.app), graphql, authenticator=authenticator)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(asgi, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"127.0.0.1:{port}", shop
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(asgi, log_level="warning") as url:
+        yield url.removeprefix("http://"), shop
     shop.close()
 
 
@@ -119,31 +108,6 @@ def test_sse_needs_credentials_and_refuses_a_store_the_caller_may_not_read(node:
         found = list(sse_events(response.iter_lines()))
     assert [kind for kind, _ in found] == ["next", "complete"]
     assert found[0][1]["errors"][0]["extensions"] == {"code": "FORBIDDEN", "store": "per_minute"}
-
-
-class TransportWS:
-    """A graphql-transport-ws client over a sync websocket."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-
-    def send(self, message: dict[str, Any]) -> None:
-        self.ws.send(orjson.dumps(message).decode())
-
-    def receive(self, timeout: float = 5.0) -> dict[str, Any]:
-        found: dict[str, Any] = orjson.loads(self.ws.recv(timeout))
-        return found
-
-    def init(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.send({"type": "connection_init", **({"payload": payload} if payload is not None else {})})
-        return self.receive()
-
-    def subscribe(self, id: str, query: str, variables: dict[str, Any]) -> None:
-        self.send({"id": id, "type": "subscribe", "payload": {"query": query, "variables": variables}})
-
-
-def websocket(address: str, **options: Any) -> ClientConnection:
-    return connect(f"ws://{address}/graphql", subprotocols=["graphql-transport-ws"], open_timeout=5, **options)
 
 
 def test_graphql_transport_ws_authenticates_by_connection_init_and_streams_changes(node: tuple[str, LiveShop]) -> None:

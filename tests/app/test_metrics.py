@@ -18,15 +18,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from iqgraph.app.cluster.membership import Member
 from iqgraph.app.metrics import UNKNOWN_PEER, NodeMetrics, tracing_extensions
-from iqgraph.app.security.peer_auth import INTERNAL_PATH
 from iqgraph.examples.shop import build_app
 from iqgraph.schema.types import NodeInfo, PartitionInfo
-from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
+from iqgraph.schema.wire import INTERNAL_PATH
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port, produce
 from iqgraph.streaming.sink import BatchReport
-from tests.app.cluster_nodes import NodeProcess, Scrape, scrape, start_node, wait_ready, write_app_module
 from tests.conftest import MakeTopic
-from tests.streaming.test_bad_records import BAD
-from tests.streaming.test_pipeline import START_MS
+from tests.support.nodes import NodeProcess, Scrape, scrape, start_node, wait_ready, write_app_module
+from tests.support.pipeline import BAD, START_MS
 
 PARTITIONS = 2
 EVENTS = 400
@@ -113,7 +113,7 @@ class Ingested:
 
 @pytest.fixture(scope="module")
 def ingested(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Ingested]:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)

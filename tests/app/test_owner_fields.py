@@ -42,8 +42,8 @@ from iqgraph.schema.wire import Owned
 from iqgraph.streaming.definitions import App, key_value_store, sum_
 from iqgraph.streaming.owner_fields import OwnerField
 from iqgraph.streaming.partitioner import partition_for, placement
-from tests.schema.apps import MARKET_TYPES, PARTITIONS, fill_market, market_app, market_orders
 from tests.schema.conftest import Hosted, close_hosted, open_hosted
+from tests.support.apps import MARKET_TYPES, PARTITIONS, fill_market, market_app, market_orders
 
 RELEASE = threading.Event()
 REPO = Path(__file__).resolve().parents[2]
@@ -236,7 +236,7 @@ def test_a_stuck_function_does_not_hold_the_process_at_exit(tmp_path: Path) -> N
         from iqgraph.app.owner.runner import OwnerFieldRunner
         from iqgraph.streaming.owner_fields import OwnerField
         from iqgraph.streaming.partitioner import partition_for
-        from tests.schema.apps import PARTITIONS, fill_market, market_app, market_orders
+        from tests.support.apps import PARTITIONS, fill_market, market_app, market_orders
         from tests.schema.conftest import open_hosted
 
         def hang(key, views):
@@ -335,7 +335,7 @@ class _Router:
         self.internal: dict[str, Any] = {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from iqgraph.app.security.peer_auth import INTERNAL_PATH
+        from iqgraph.schema.wire import INTERNAL_PATH
 
         host = dict(scope["headers"]).get(b"host", b"").decode()
         apps = self.internal if scope["path"] == INTERNAL_PATH else self.apps
@@ -343,11 +343,11 @@ class _Router:
 
 
 def _cluster(app: App, hosted: Hosted, partitioner: str, n: int = 3) -> tuple[list[Any], _Router]:
+    from iqgraph.app.catalog import entity_infos
     from iqgraph.app.cluster.membership import Member, StaticMembership
     from iqgraph.app.cluster.peers import PeerClient
     from iqgraph.app.owner.calls import call_many
     from iqgraph.app.owner.runner import owner_field_infos
-    from iqgraph.app.query.partitions import entity_infos
     from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
     from iqgraph.app.security.peer_auth import PeerGate, PeerVerifier
     from iqgraph.schema import GraphQLApp, Limits, build_schema
@@ -421,12 +421,12 @@ async def test_a_key_with_two_candidates_is_answered_by_the_one_holding_it(local
 
 
 async def test_a_key_held_in_both_candidates_is_a_partitioner_mismatch(local: LocalPartitions) -> None:
-    from tests.schema.apps import _begin
+    from tests.support.apps import begin_batch
 
     key = _split_keys()[0]
     where = placement(key.encode(), PARTITIONS)
     other = local.partitions["orders"][where.consistent_random]
-    with _begin(other) as tx:
+    with begin_batch(other) as tx:
         other.kv("order_count").merge(tx, [(key, 1)])
     nodes, router = _cluster(local.app, local.partitions, "unknown")
     _wire(nodes, router)

@@ -8,7 +8,6 @@ import httpx
 import pytest
 
 from iqgraph.app.security.peer_auth import (
-    INTERNAL_PATH,
     PEER_SCOPE_KEY,
     NonceCache,
     PeerAuthError,
@@ -17,6 +16,7 @@ from iqgraph.app.security.peer_auth import (
     PeerVerifier,
 )
 from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY, Principal
+from iqgraph.schema.wire import INTERNAL_PATH
 
 SECRET = "cluster-secret"  # noqa: S105 - a test's
 BODY = b'{"query":"{ node { id } }","variables":{}}'

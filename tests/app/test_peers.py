@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from iqgraph.app.cluster.peers import PeerClient, PeerError, PeerUnavailableError
-from iqgraph.app.security.peer_auth import INTERNAL_PATH, PeerVerifier
+from iqgraph.app.security.peer_auth import PeerVerifier
 from iqgraph.schema import wire
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.types import Answer
+from iqgraph.schema.wire import INTERNAL_PATH
 from iqgraph.streaming.broker import free_port
+from tests.support.servers import serve_in_thread
 
 SEEN: list[dict[str, Any]] = []
 
@@ -60,22 +59,8 @@ async def graphql(request: Request) -> JSONResponse:
 
 @pytest.fixture(scope="module")
 def peer_url() -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            Starlette(routes=[Route(INTERNAL_PATH, graphql, methods=["POST"])]),
-            host="127.0.0.1",
-            port=port,
-            log_level="error",
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve_in_thread(Starlette(routes=[Route(INTERNAL_PATH, graphql, methods=["POST"])])) as url:
+        yield url
 
 
 async def test_forwarded_requests_are_signed_and_carry_the_caller(peer_url: str) -> None:

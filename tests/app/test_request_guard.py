@@ -15,11 +15,10 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
 
 from iqgraph.app.http.request_guard import WATCH_AFTER_S, RequestGuard
 from iqgraph.schema import Limits
-from iqgraph.streaming.broker import free_port
+from tests.support.servers import serve_in_thread
 
 LIMITS = Limits(max_body_bytes=100, max_header_bytes=400, request_timeout_ms=300)
 
@@ -223,18 +222,9 @@ async def echo(scope: Any, receive: Any, send: Any) -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    port = free_port()
     limits = Limits(max_body_bytes=1000, max_header_bytes=2000, request_timeout_ms=300)
-    config = uvicorn.Config(RequestGuard(echo, limits), port=port, log_level="warning")
-    running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not running.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    running.should_exit = True
-    thread.join(10)
+    with serve_in_thread(RequestGuard(echo, limits), log_level="warning") as url:
+        yield url
 
 
 def _abandon(url: str, stop: threading.Event) -> None:

@@ -12,9 +12,9 @@ from starlette.applications import Starlette
 
 from iqgraph.app.http.rest import rest_routes
 from iqgraph.stores import PartitionState
-from tests.queries import single_node
-from tests.schema.apps import SHOP_TOPIC, SHOP_TYPES, ShopTruth, fill_shop, make_orders, shop_app, shop_partition
 from tests.schema.conftest import Hosted, close_hosted, open_hosted
+from tests.support.apps import SHOP_TOPIC, SHOP_TYPES, ShopTruth, fill_shop, make_orders, shop_app, shop_partition
+from tests.support.queries import single_node
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from iqgraph.examples import shop
 from iqgraph.examples import weblog as weblog_example
 from iqgraph.stores import StoreKind
 from iqgraph.streaming.definitions import App
-from tests.app.test_cli import iqgraph
-from tests.readme_blocks import readme_queries
+from tests.support.cli import iqgraph
+from tests.support.readme_blocks import readme_queries
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,7 +23,7 @@ from iqgraph.stores import (
 )
 from iqgraph.streaming.definitions import App, Topic, count, key_value_store
 from iqgraph.streaming.partitioner import partition_for
-from tests.queries import single_node
+from tests.support.queries import single_node
 
 TOPIC, PARTITIONS = "orders", 6
 TYPES: dict[str, Any] = {

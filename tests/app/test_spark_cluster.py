@@ -1,6 +1,6 @@
 """A node on a real Spark standalone cluster: executors run the Kafka reads and the user's functions.
 
-The master and a worker are started from the pyspark installation on loopback (tests.spark_cluster). The
+The master and a worker are started from the pyspark installation on loopback (tests.support.spark_cluster). The
 user's app calls a plain function of its own module in a UDF: the executors can import that module only
 because the node ships it (streaming.session.ship_module) — without it the first batch fails with
 ModuleNotFoundError. A worker is killed with SIGKILL mid-stream (with its executor) and another started:
@@ -24,12 +24,13 @@ import pytest
 
 from iqgraph.examples.shop import build_app
 from iqgraph.stores import PartitionState, StateDirectory
-from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
-from tests.app.cluster_nodes import NodeProcess, start_node, wait_ready
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port, produce
 from tests.conftest import MakeTopic
-from tests.spark_cluster import StandaloneCluster
-from tests.streaming.readback import read_back
-from tests.streaming.test_pipeline import START_MS, assert_equal_to_ground_truth
+from tests.support.nodes import NodeProcess, start_node, wait_ready
+from tests.support.pipeline import START_MS, assert_equal_to_ground_truth
+from tests.support.readback import read_back
+from tests.support.spark_cluster import StandaloneCluster
 
 PARTITIONS = 3
 
@@ -66,7 +67,7 @@ def _band(amount: float) -> str:
 class Orders:
     """The events produced so far, and the counts they make."""
 
-    def __init__(self, broker: EmbeddedBroker, topic: str) -> None:
+    def __init__(self, broker: KafkaBroker, topic: str) -> None:
         self.broker, self.topic = broker, topic
         generator = build_app(topic, PARTITIONS).generator
         assert generator is not None
@@ -110,7 +111,7 @@ def _reach_the_ground_truth(node: NodeProcess, orders: Orders, timeout: float) -
 
 @pytest.fixture(scope="module")
 def on_spark(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[StandaloneCluster, NodeProcess, Orders]]:
     home = tmp_path_factory.mktemp("onspark")
     cluster = StandaloneCluster(home / "spark").start()

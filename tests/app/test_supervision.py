@@ -21,10 +21,11 @@ import orjson
 import pytest
 
 from iqgraph.examples.shop import build_app
-from iqgraph.streaming.broker import EmbeddedBroker, free_port, produce
-from tests.app.cluster_nodes import scrape, start_node, wait_ready
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port, produce
 from tests.conftest import MakeTopic
-from tests.streaming.test_pipeline import START_MS
+from tests.support.nodes import scrape, start_node, wait_ready
+from tests.support.pipeline import START_MS
 
 PARTITIONS = 2
 STALL_TIMEOUT_S = 4
@@ -99,7 +100,7 @@ class Supervised:
 
 @pytest.fixture(scope="module")
 def supervised(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Supervised]:
     topic = make_topic(PARTITIONS, prefix="supervised")
     generator = build_app(topic, PARTITIONS).generator

@@ -8,7 +8,6 @@ import shutil
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,13 +26,15 @@ from ruamel.yaml import YAML
 from iqgraph.app.security.tls import peer_verify, server_options
 from iqgraph.app.settings import ENV_PREFIX, Settings, SettingsError
 from iqgraph.examples.shop import build_app
-from iqgraph.streaming.broker import EmbeddedBroker, free_port
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port
 from iqgraph.streaming.partitioner import partition_for
-from tests.app.cluster_nodes import ROOT, NodeProcess, Scrape, start_node, write_app_module
-from tests.app.test_compose import COMPOSE, check_jsonschema
 from tests.conftest import MakeTopic
-from tests.streaming.ground_truth import Expected, expected
-from tests.streaming.test_pipeline import START_MS, send
+from tests.support.compose import COMPOSE, check_jsonschema
+from tests.support.ground_truth import Expected, expected
+from tests.support.nodes import ROOT, NodeProcess, Scrape, start_node, write_app_module
+from tests.support.pipeline import START_MS, send
+from tests.support.servers import serve_in_thread
 
 
 @dataclass(frozen=True)
@@ -141,18 +142,8 @@ async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @contextmanager
 def https_server(settings: Settings) -> Iterator[str]:
     """Serve a hello app in a thread with the settings' server options; yield its https URL."""
-    port = free_port()
-    options = server_options(settings)
-    server = uvicorn.Server(uvicorn.Config(_hello, port=port, lifespan="off", log_level="critical", **options))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        yield f"https://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serve_in_thread(_hello, lifespan="off", log_level="critical", **server_options(settings)) as url:
+        yield url
 
 
 def test_a_server_with_a_test_ca_certificate_is_trusted_by_peers_that_trust_the_ca_only(pki: Pki) -> None:
@@ -252,7 +243,7 @@ class TlsCluster:
 
 @pytest.fixture(scope="module")
 def tls_cluster(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TlsCluster]:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)

@@ -19,14 +19,13 @@ from pyspark.sql.types import DataType
 from strawberry.http import process_result
 from strawberry.types import ExecutionResult
 
+from iqgraph.app.catalog import entity_infos
 from iqgraph.app.owner.runner import owner_field_infos
-from iqgraph.app.query.partitions import entity_infos
 from iqgraph.app.query.store_queries import ClusterStoreQueries
 from iqgraph.schema import EntityInfo, GraphQLApp, Limits, StoreInfo, build_schema, context_getter
 from iqgraph.stores import Key, PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.definitions import App
-from tests.queries import single_node
-from tests.schema.apps import (
+from tests.support.apps import (
     LAB_TOPIC,
     LAB_TYPES,
     MARKET_TOPICS,
@@ -43,6 +42,7 @@ from tests.schema.apps import (
     market_orders,
     shop_app,
 )
+from tests.support.queries import single_node
 
 Hosted = dict[str, dict[int, PartitionStores]]
 

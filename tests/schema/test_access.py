@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from iqgraph.app.query.partitions import entity_infos
+from iqgraph.app.catalog import entity_infos
 from iqgraph.schema import build_schema
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.schema.context import request_context

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.schema.apps import ShopTruth
 from tests.schema.conftest import Api
+from tests.support.apps import ShopTruth
 
 QUERY = """{
   orderCount { a: get(key: "customer-00") b: get(key: "customer-01") c: get(key: "nobody")

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from iqgraph.app.dev.example_query import example_query
 from iqgraph.schema import build_schema
-from tests.readme_blocks import readme_queries
-from tests.schema.apps import ShopTruth, shop_app
 from tests.schema.conftest import Api, response_json
+from tests.support.apps import ShopTruth, shop_app
+from tests.support.readme_blocks import readme_queries
 
 ROOT = Path(__file__).resolve().parents[2]
 

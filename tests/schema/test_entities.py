@@ -14,22 +14,23 @@ from typing import Any
 import pytest
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
-from iqgraph.app.query.partitions import entity_infos
+from iqgraph.app.catalog import entity_infos
 from iqgraph.schema import EntityInfo, Limits, RelationInfo, SchemaDefinitionError, StoreInfo, build_schema
 from iqgraph.stores import Key
-from tests.queries import single_node
-from tests.schema.apps import (
+from tests.schema.conftest import Api, Hosted, MakeApi, RecordingQueries
+from tests.support.apps import (
     CUSTOMER_TYPE,
     LAB_TYPES,
     MARKET_CUSTOMERS,
     ORDER_TYPE,
+    READING,
     MarketTruth,
+    fill_lab,
     lab_app,
     market_orders,
     shop_partition,
 )
-from tests.schema.conftest import Api, Hosted, MakeApi, RecordingQueries
-from tests.schema.test_value_types import READING, write
+from tests.support.queries import single_node
 
 CUSTOMER = """key name city favorite { key name price } orderCount totalSpend latestOrder { orderId item }
   ordersPerMinute { start value } ordered"""
@@ -352,7 +353,7 @@ async def test_a_relation_to_a_column_replaces_it_and_keeps_the_key(market: Api)
 
 
 async def test_long_keys_and_targets_of_another_type(lab_hosted: Hosted) -> None:
-    write(lab_hosted, {12: READING, 7: {**READING, "sensor_id": "12"}, 8: {**READING, "sensor_id": "abc"}})
+    fill_lab(lab_hosted, {12: READING, 7: {**READING, "sensor_id": "12"}, 8: {**READING, "sensor_id": "abc"}})
     queries = single_node(lab_app(), LAB_TYPES, lab_hosted, 50, RecordingQueries)
     stores = [
         dataclasses.replace(s, relations=(RelationInfo("sensor", "Sensor", "sensor_id"),)) if s.name == "reading" else s

@@ -11,8 +11,8 @@ import pytest
 
 from iqgraph.schema import Limits
 from iqgraph.stores import Key, PartitionState
-from tests.schema.apps import LAB_TOPIC, SHOP_TOPIC, ShopTruth, shop_partition
 from tests.schema.conftest import Api, Hosted, MakeApi, RecordingQueries
+from tests.support.apps import LAB_TOPIC, SHOP_TOPIC, ShopTruth, shop_partition
 
 
 def codes(errors: list[dict[str, Any]]) -> list[str]:

@@ -1,7 +1,7 @@
 """GraphiQL offline: the page and its vendored assets in-process, then in headless Chromium cut off from the net.
 
 The browser tests serve the app ``build_asgi`` makes (of a node that is not started, over the schema tests'
-stores) from a real uvicorn on loopback; Chromium can reach loopback only (``tests.browser``: a dead SOCKS proxy
+stores) from a real uvicorn on loopback; Chromium can reach loopback only (``tests.support.browser``: a dead SOCKS proxy
 and a host resolver that resolves nothing), which a control page loading React from a CDN demonstrates.
 """
 
@@ -11,8 +11,6 @@ import base64
 import hashlib
 import re
 import subprocess
-import threading
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
@@ -29,10 +26,10 @@ from starlette.routing import Route
 
 from iqgraph.schema import GraphQLApp
 from iqgraph.schema.graphiql import SCRIPTS, STATIC_DIR, STYLESHEETS, graphiql_html, graphiql_mount
-from iqgraph.streaming.broker import free_port
-from tests.browser import BROWSER, browser_page, require_chromium
-from tests.schema.apps import SHOP_TYPES, shop_app
 from tests.schema.conftest import Hosted, api_factory
+from tests.support.apps import SHOP_TYPES, shop_app
+from tests.support.browser import BROWSER, browser_page, require_chromium
+from tests.support.servers import serve_in_thread
 
 CDN_CONTROL = """<!doctype html><html><body><p id="result">pending</p>
 <script src="https://unpkg.com/react@18.2.0/umd/react.production.min.js"></script>
@@ -106,16 +103,8 @@ def chromium() -> str:
 @pytest.fixture(scope="module")
 def server(shop_hosted: Hosted) -> Iterator[str]:
     """Serve the GraphiQL routes with uvicorn on a free loopback port; return its base URL."""
-    port = free_port()
-    config = uvicorn.Config(served_app(shop_hosted), host="127.0.0.1", port=port, log_level="error")
-    running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    while not running.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    running.should_exit = True
-    thread.join(timeout=10)
+    with serve_in_thread(served_app(shop_hosted)) as url:
+        yield url
 
 
 def dump_dom(chromium: str, url: str, profile: Path) -> str:

@@ -17,8 +17,8 @@ from iqgraph.schema.access import PRINCIPAL_SCOPE_KEY, Principal
 from iqgraph.schema.builder import build_internal_schema
 from iqgraph.schema.internal import lookup_fields
 from iqgraph.schema.wire import lookup_variables, lookups
-from tests.schema.apps import shop_partition
 from tests.schema.conftest import Api, DifferentialASGI, _comparable
+from tests.support.apps import shop_partition
 
 FORWARDED = [
     (b"content-type", b"application/json"),

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from iqgraph.stores import PartitionState
-from tests.schema.apps import SHOP_TOPIC, ShopTruth, fill_shop, shop_partition
 from tests.schema.conftest import Api, Hosted
+from tests.support.apps import SHOP_TOPIC, ShopTruth, fill_shop, shop_partition
 
 ENTRIES = "edges { cursor node { key value } } pageInfo { hasNextPage hasPreviousPage startCursor endCursor }"
 

@@ -5,14 +5,11 @@ server's ping, and after a dropped connection a new one on which the running sub
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
@@ -20,8 +17,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from iqgraph.schema.graphiql import graphiql_mount
-from iqgraph.streaming.broker import free_port
-from tests.browser import browser_page, require_chromium
+from tests.support.browser import browser_page, require_chromium
+from tests.support.servers import serve_in_thread
 
 PAGE = """<!doctype html><html><body><p id="seen"></p>
 <script src="/graphql/static/live/graphql-transport-ws.js"></script>
@@ -76,15 +73,8 @@ def server() -> Iterator[tuple[str, ScriptedServer]]:
     app = Starlette(
         routes=[Route("/page", page), graphiql_mount("/graphql"), WebSocketRoute("/graphql", scripted.serve)]
     )
-    port = free_port()
-    running = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    while not running.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", scripted
-    running.should_exit = True
-    thread.join(timeout=10)
+    with serve_in_thread(app) as url:
+        yield url, scripted
 
 
 def test_the_client_authenticates_answers_pings_and_subscribes_again_after_a_drop(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from iqgraph.stores import PartitionState
-from tests.schema.apps import PARTITIONS, SHOP_TOPIC, shop_partition
 from tests.schema.conftest import Api, Hosted
+from tests.support.apps import PARTITIONS, SHOP_TOPIC, shop_partition
 
 
 async def test_stores_describe_every_store(shop: Api) -> None:

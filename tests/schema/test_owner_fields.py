@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from strawberry.types import ExecutionResult
 
+from iqgraph.app.catalog import entity_infos
 from iqgraph.app.owner.runner import owner_field_infos
-from iqgraph.app.query.partitions import entity_infos
 from iqgraph.schema import Limits, build_schema, context_getter
 from iqgraph.schema.errors import SchemaDefinitionError
 from iqgraph.schema.types import OwnerFieldInfo
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.owner_fields import owner_field
-from tests.queries import single_node
-from tests.schema.apps import MARKET_CUSTOMERS, MARKET_TYPES, PARTITIONS, MarketTruth, market_app, market_orders
 from tests.schema.conftest import Hosted, RecordingQueries
+from tests.support.apps import MARKET_CUSTOMERS, MARKET_TYPES, PARTITIONS, MarketTruth, market_app, market_orders
+from tests.support.queries import single_node
 
 SUMMARY = "struct<orders: bigint, spend: double, city: string, minutes: int, ordered: boolean, items: array<string>>"
 STARTED = threading.Event()

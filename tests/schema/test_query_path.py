@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from iqgraph.stores import PartitionState
-from tests.schema.apps import SHOP_TOPIC, ShopTruth, fill_shop, shop_partition
 from tests.schema.conftest import Api, Hosted
+from tests.support.apps import SHOP_TOPIC, ShopTruth, fill_shop, shop_partition
 
 
 async def test_count_is_exact_after_updates_where_the_estimate_grows(

@@ -33,9 +33,9 @@ from iqgraph.streaming.definitions import (
 from iqgraph.streaming.sink import PartitionBatch, StoreSink
 from iqgraph.streaming.user_aggregations import UserAggregation, aggregate
 from iqgraph.streaming.value_types import value_types
-from tests.queries import single_node
-from tests.schema.apps import PARTITIONS, shop_partition
 from tests.schema.conftest import Api, Hosted, RecordingQueries, close_hosted, open_hosted
+from tests.support.apps import PARTITIONS, shop_partition
+from tests.support.queries import single_node
 
 TOPIC = "plays"
 GENRES = ("jazz", "rock", "pop")

@@ -15,10 +15,10 @@ import graphql
 import pytest
 from pyspark.sql.types import DataType
 
-from iqgraph.app.query.partitions import entity_infos, store_info
+from iqgraph.app.catalog import entity_infos, store_info
 from iqgraph.schema import Limits, build_schema
 from iqgraph.streaming.definitions import App
-from tests.schema.apps import MARKET_TYPES, SHOP_TYPES, WEBLOG_TYPES, market_app, shop_app, weblog_app
+from tests.support.apps import MARKET_TYPES, SHOP_TYPES, WEBLOG_TYPES, market_app, shop_app, weblog_app
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,6 +1,6 @@
 """Collections and user aggregations in GraphQL: typed fields from their Spark types, answers from RocksDB.
 
-The plays app (tests.streaming.plays_app) with states written as the sink writes them (the task's fold, then
+The plays app (tests.support.plays) with states written as the sink writes them (the task's fold, then
 the store's merge), read through the production query path of one node.
 """
 
@@ -14,9 +14,9 @@ import pytest
 
 from iqgraph.stores import PartitionState
 from iqgraph.streaming.partitioner import partition_for
-from tests.schema.apps import PARTITIONS
 from tests.schema.conftest import Api, Hosted, api_factory, close_hosted, open_hosted
-from tests.streaming.plays_app import HOUR, START_MS, TYPES, make_plays, plays_app, truth
+from tests.support.apps import PARTITIONS
+from tests.support.plays import HOUR, START_MS, TYPES, make_plays, plays_app, truth
 
 TOPIC = "plays"
 

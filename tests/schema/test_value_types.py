@@ -9,48 +9,16 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from iqgraph.schema import Limits, SchemaDefinitionError, StoreInfo, build_schema
 from iqgraph.schema.value_types import to_datetime, to_decimal, to_float, to_int
-from iqgraph.stores import PartitionState, ValueFormatError
-from iqgraph.streaming.partitioner import partition_for
-from tests.schema.apps import LAB_TOPIC, PARTITIONS, START_MS
+from iqgraph.stores import ValueFormatError
 from tests.schema.conftest import Api, Hosted
+from tests.support.apps import READING, START_MS, fill_lab
 
-READING = {
-    "sensor_id": "s-7",
-    "value": 12.345,
-    "taken_at": "2026-01-01T00:00:00.005Z",
-    "local_time": "2026-01-01T10:30:00.000",
-    "day": "2026-01-01",
-    "raw": "hello",
-    "samples": [1, 2, 3],
-    "tags": {"a": 1, "b": 2},
-    "place": {"lat": 1.5, "lon": -2.25},
-    "history": [{"at": "2026-01-01T00:00:01+01:00", "ok": True}, None],
-    "span": "INTERVAL '1' DAY",
-    "URL_path": "/x",
-}
 FIELDS = "sensorId value takenAt localTime day raw samples tags { key value } place { lat lon } history { at ok } span"
 FIELDS += " urlPath"
 
 
-def write(hosted: Hosted, writes: dict[int, Any]) -> None:
-    """Apply one batch per partition: write(stores, tx) for each (key, value) of writes, routed by key."""
-    by_partition: dict[int, list[tuple[int, Any]]] = {}
-    for key, value in writes.items():
-        by_partition.setdefault(partition_for(key, PARTITIONS, "long", "murmur2"), []).append((key, value))
-    for p, items in by_partition.items():
-        stores = hosted[LAB_TOPIC][p]
-        start = stores.db.next_offset()
-        with stores.db.begin(start, start + 1) as tx:
-            for key, value in items:
-                stores.kv("reading").put(tx, key, value)
-                stores.kv("lab_count").merge(tx, [(key, 1)])
-                stores.window("lab_per_second").aggregate(tx, [(key, START_MS + 1_500, 1)])
-                stores.bloom("lab_seen").add(tx, [key])
-        stores.db.set_state(PartitionState.RUNNING)
-
-
 async def test_every_spark_type_is_answered_typed(lab: Api, lab_hosted: Hosted) -> None:
-    write(lab_hosted, {7: READING, -3: {**READING, "tags": [["z", 26]], "value": "12345678901234567890.123"}})
+    fill_lab(lab_hosted, {7: READING, -3: {**READING, "tags": [["z", 26]], "value": "12345678901234567890.123"}})
     data = await lab.data(f"{{ reading {{ getMany(keys: [7, -3, 8]) {{ {FIELDS} }} }} }}")
     seven, minus_three, missing = data["reading"]["getMany"]
     assert seven == {
@@ -73,7 +41,7 @@ async def test_every_spark_type_is_answered_typed(lab: Api, lab_hosted: Hosted) 
 
 
 async def test_long_keys_in_every_store_kind(lab: Api, lab_hosted: Hosted) -> None:
-    write(lab_hosted, {k: READING for k in (-5, 0, 3, 1 << 40)})
+    fill_lab(lab_hosted, {k: READING for k in (-5, 0, 3, 1 << 40)})
     data = await lab.data(
         """{
           labCount { range(from: -5, to: 3) { edges { node { key value } } } }
@@ -93,7 +61,7 @@ async def test_long_keys_in_every_store_kind(lab: Api, lab_hosted: Hosted) -> No
 
 
 async def test_a_null_in_a_non_nullable_field_is_a_value_format_error(lab: Api, lab_hosted: Hosted) -> None:
-    write(lab_hosted, {1: {**READING, "sensor_id": None}})
+    fill_lab(lab_hosted, {1: {**READING, "sensor_id": None}})
     errors = await lab.errors("{ reading { get(key: 1) { sensorId } } }")
     assert [e["extensions"]["code"] for e in errors] == ["VALUE_FORMAT_ERROR"]
     assert "sensor_id" in errors[0]["message"]

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from tests.schema.apps import START_MS, ShopTruth, iso
 from tests.schema.conftest import Api
+from tests.support.apps import START_MS, ShopTruth, iso
 
 WINDOW = "key start end value"
 

@@ -21,7 +21,7 @@ from iqgraph.stores import (
 from iqgraph.stores.codecs import decode_int64
 from iqgraph.stores.partition import META_CF, counter_key, entries_counter
 from tests.stores.conftest import SPECS, Apply
-from tests.stores.test_partition import dump, run_writer
+from tests.support.crash_writer import dump, run_writer
 
 COUNTED = [s.name for s in SPECS if s.kind is not StoreKind.BLOOM]
 _fresh_partition = itertools.count(1)

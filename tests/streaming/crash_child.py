@@ -20,8 +20,8 @@ from iqgraph.stores import StateDirectory
 from iqgraph.stores.partition import PartitionDB
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from iqgraph.streaming.session import build_spark_session
-from tests.streaming.plays_app import plays_app
-from tests.streaming.test_tables import table_app
+from tests.support.plays import plays_app
+from tests.support.tables import table_app
 
 
 def _arm(crash: str, at: int) -> None:
@@ -49,8 +49,8 @@ def main() -> int:
     parser.add_argument("--crash", choices=["none", "before-write", "after-write"], default="none")
     parser.add_argument("--at", type=int, default=1)
     parser.add_argument("--batch", type=int, default=500)
-    parser.add_argument("--table", action="store_true", help="run the table app (tests.streaming.test_tables)")
-    parser.add_argument("--plays", action="store_true", help="run the plays app (tests.streaming.plays_app)")
+    parser.add_argument("--table", action="store_true", help="run the table app (tests.support.tables)")
+    parser.add_argument("--plays", action="store_true", help="run the plays app (tests.support.plays)")
     args = parser.parse_args()
     _arm(args.crash, args.at)
     app = table_app(args.topic, args.partitions) if args.table else build_app(args.topic, args.partitions)

@@ -12,7 +12,8 @@ from typing import Any
 import fastavro
 
 from iqgraph.stores import StateDirectory
-from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import produce
 from iqgraph.streaming.definitions import App, Topic, count, key_value_store, latest, sum_
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from iqgraph.streaming.value_types import value_types
@@ -39,7 +40,7 @@ def _encode(record: dict[str, Any], framed: bool) -> bytes:
 
 
 def test_avro_orders_plain_and_framed_equal_ground_truth_and_bad_avro_is_counted(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(2, prefix="avro")
     schema_file = tmp_path / "order.avsc"
@@ -66,7 +67,7 @@ def test_avro_orders_plain_and_framed_equal_ground_truth_and_bad_avro_is_counted
     records += [(b"c-1", b"\x02garbage-not-avro", 0), (b"c-2", b"\x00\x00\x00\x00\x07\xff", 0)]
     produce(broker.bootstrap_servers, topic, records)
 
-    settings = RunnerSettings(broker.bootstrap_servers, producer_config=dict(ONE_RECORD_PER_REQUEST))
+    settings = RunnerSettings(broker.bootstrap_servers)
     runner = StreamRunner(app, spark, StateDirectory(tmp_path / "state", "avro"), settings)
     try:
         runner.start({topic: [0, 1]})

@@ -12,28 +12,17 @@ from confluent_kafka import Consumer
 
 from iqgraph.examples.shop import build_app
 from iqgraph.stores import StateDirectory
-from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import produce
 from iqgraph.streaming.definitions import KafkaSettings
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from tests.conftest import MakeTopic
-from tests.streaming.ground_truth import expected
-from tests.streaming.readback import read_back
-from tests.streaming.test_pipeline import START_MS
-
-BAD = [
-    (b"customer-0001", b"{not json", "undecodable value"),
-    (
-        b"customer-0002",
-        orjson.dumps({"customer": "customer-0002", "amount": "lots", "ts": "2026-01-01T00:00:01Z"}),
-        "undecodable value",
-    ),
-    (None, orjson.dumps({"customer": "x", "amount": 1.0, "ts": "2026-01-01T00:00:02Z"}), "null key"),
-    (b"customer-0003", b'{"pad": "' + b"x" * 5000 + b'"}', "value too large"),
-    (b"customer-0004", None, "null value"),
-]
+from tests.support.ground_truth import expected
+from tests.support.pipeline import BAD, START_MS
+from tests.support.readback import read_back
 
 
-def _dead_letters(broker: EmbeddedBroker, topic: str, expected_count: int) -> list[Any]:
+def _dead_letters(broker: KafkaBroker, topic: str, expected_count: int) -> list[Any]:
     consumer = Consumer(
         {
             "bootstrap.servers": broker.bootstrap_servers,
@@ -55,7 +44,7 @@ def _dead_letters(broker: EmbeddedBroker, topic: str, expected_count: int) -> li
 
 
 def test_bad_records_are_counted_and_dead_lettered(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(2, prefix="orders")
     dlq = make_topic(1, prefix="dlq")
@@ -72,7 +61,7 @@ def test_bad_records_are_counted_and_dead_lettered(
     records += [(k.encode(), orjson.dumps(v), None) for k, v in good[200:]]
     produce(broker.bootstrap_servers, topic, records)
 
-    settings = RunnerSettings(broker.bootstrap_servers, producer_config=dict(ONE_RECORD_PER_REQUEST))
+    settings = RunnerSettings(broker.bootstrap_servers)
     runner = StreamRunner(app, spark, StateDirectory(tmp_path / "state", "shop"), settings)
     try:
         runner.start({topic: [0, 1]})
@@ -101,7 +90,7 @@ def test_bad_records_are_counted_and_dead_lettered(
 
 
 def test_a_record_bad_for_one_store_only_is_dead_lettered_with_its_bytes_and_counted_there(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     # items_sold and item_orders_per_minute are keyed by the item column: an order without an item is bad for
     # them (counted for each), good for the others, and dead-lettered once
@@ -113,7 +102,7 @@ def test_a_record_bad_for_one_store_only_is_dead_lettered_with_its_bytes_and_cou
     no_item = orjson.dumps({**good[0][1], "item": None})
     records = [(k.encode(), orjson.dumps(v), None) for k, v in good] + [(b"customer-0009", no_item, None)]
     produce(broker.bootstrap_servers, topic, records)
-    settings = RunnerSettings(broker.bootstrap_servers, producer_config=dict(ONE_RECORD_PER_REQUEST))
+    settings = RunnerSettings(broker.bootstrap_servers)
     runner = StreamRunner(app, spark, StateDirectory(tmp_path / "state", "shop"), settings)
     try:
         runner.start({topic: [0]})

@@ -18,25 +18,11 @@ from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming import sink as sink_module
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.change_set import Change, KeyChange, RankEntry
-from iqgraph.streaming.definitions import (
-    App,
-    Topic,
-    bloom_store,
-    count,
-    key_value_store,
-    ranking_store,
-    table_store,
-    tumbling,
-    window_store,
-)
+from iqgraph.streaming.definitions import App
 from iqgraph.streaming.feed_errors import SubscriptionClosedError, SubscriptionOverflowError, TooManySubscriptionsError
-from iqgraph.streaming.partitioner import partition_for
 from iqgraph.streaming.sink import PartitionBatch, StoreSink
 from iqgraph.streaming.snapshots import read_then_follow
-
-TOPIC = "orders"
-MINUTE = 60_000
-START_MS = 1_700_000_040_000 // MINUTE * MINUTE
+from tests.support.feed_shop import KEYS, MINUTE, START_MS, TOPIC, Orders, shop_app, where
 
 
 def drain(sub: Any) -> list[Change]:
@@ -270,24 +256,6 @@ class RecordingFeed(ChangeFeed):
         super().publish(topic, partition, next_offset, changes)
 
 
-def shop_app(table: bool = False) -> App:
-    if table:
-        return App(
-            "shop", [Topic(TOPIC, schema="name STRING", partitions=2, table=True)], [table_store("names", TOPIC)]
-        )
-    per_key = key_value_store("per_key", TOPIC, count())
-    return App(
-        "shop",
-        [Topic(TOPIC, schema="amount DOUBLE, item STRING", partitions=2)],
-        [
-            per_key,
-            window_store("per_minute", TOPIC, count(), tumbling(minutes=1)),
-            bloom_store("items", TOPIC, key="item"),
-            ranking_store("top", per_key),
-        ],
-    )
-
-
 @pytest.fixture
 def shop(tmp_path: Path) -> Iterator[tuple[App, dict[int, PartitionStores]]]:
     app = shop_app()
@@ -298,35 +266,6 @@ def shop(tmp_path: Path) -> Iterator[tuple[App, dict[int, PartitionStores]]]:
     yield app, partitions
     for stores in partitions.values():
         stores.close()
-
-
-def where(key: str) -> int:
-    return partition_for(key, 2, "string", "murmur2")
-
-
-class Orders:
-    """Builds the sink's batches of orders (key, item, minute) as Spark's partials would bring them."""
-
-    def __init__(self) -> None:
-        self.offsets = {0: 0, 1: 0}
-
-    def batches(self, orders: Sequence[tuple[str, str, int]]) -> dict[int, PartitionBatch]:
-        batches: dict[int, PartitionBatch] = {}
-        for p in sorted({where(key) for key, _, _ in orders}):
-            mine = [order for order in orders if where(order[0]) == p]
-            batch = batches[p] = PartitionBatch(self.offsets[p], self.offsets[p] + len(mine) - 1)
-            self.offsets[p] += len(mine)
-            keys = [key for key, _, _ in mine]
-            windows = [(key, START_MS + minute * MINUTE) for key, _, minute in mine]
-            batch.partials["per_key"] = [(k, None, keys.count(k), keys.count(k)) for k in dict.fromkeys(keys)]
-            batch.partials["top"] = [(k, None, None, keys.count(k)) for k in dict.fromkeys(keys)]
-            batch.partials["per_minute"] = [(k, s, windows.count((k, s)), 1) for k, s in dict.fromkeys(windows)]
-            batch.partials["items"] = [(item, None, None, 1) for item in dict.fromkeys(i for _, i, _ in mine)]
-            batch.stream_time["per_minute"] = max(s for _, s in windows)
-        return batches
-
-
-KEYS = [f"c{i}" for i in range(12)]
 
 
 def test_the_sink_publishes_each_committed_batch_per_store_kind(shop: Any) -> None:

@@ -16,21 +16,21 @@ import orjson
 
 from iqgraph.examples.shop import build_app
 from iqgraph.stores import PartitionState, StateDirectory
-from iqgraph.streaming.broker import EmbeddedBroker, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import produce
 from tests.conftest import MakeTopic
-from tests.streaming.plays_app import make_plays, plays_app, truth
-from tests.streaming.readback import read_back
-from tests.streaming.test_pipeline import START_MS, assert_equal_to_ground_truth, send
-from tests.streaming.test_tables import changelog, table_app
-from tests.streaming.test_tables import truth as table_truth
-from tests.streaming.test_user_aggregations_pipeline import assert_plays_equal, read_plays
+from tests.support.pipeline import START_MS, assert_equal_to_ground_truth, send
+from tests.support.plays import assert_plays_equal, make_plays, plays_app, read_plays, truth
+from tests.support.readback import read_back
+from tests.support.tables import changelog, table_app
+from tests.support.tables import truth as table_truth
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 3
 EVENTS = 3_000
 
 
-def _child(broker: EmbeddedBroker, topic: str, state: Path, *extra: str) -> subprocess.Popen[str]:
+def _child(broker: KafkaBroker, topic: str, state: Path, *extra: str) -> subprocess.Popen[str]:
     command = [
         sys.executable,
         "-m",
@@ -49,7 +49,7 @@ def _child(broker: EmbeddedBroker, topic: str, state: Path, *extra: str) -> subp
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
 
 
-def _run(broker: EmbeddedBroker, topic: str, state: Path, *extra: str) -> int:
+def _run(broker: KafkaBroker, topic: str, state: Path, *extra: str) -> int:
     child = _child(broker, topic, state, *extra)
     child.communicate(timeout=300)
     if child.returncode not in (0, -signal.SIGKILL):
@@ -58,7 +58,7 @@ def _run(broker: EmbeddedBroker, topic: str, state: Path, *extra: str) -> int:
     return child.returncode
 
 
-def _kill_after_first_write(broker: EmbeddedBroker, topic: str, state: Path) -> int:
+def _kill_after_first_write(broker: KafkaBroker, topic: str, state: Path) -> int:
     """Kill the node at a moment of the parent's choosing: shortly after its first write, mid-batch."""
     child = _child(broker, topic, state, "--batch", "300")
     assert child.stdout is not None
@@ -72,7 +72,7 @@ def _kill_after_first_write(broker: EmbeddedBroker, topic: str, state: Path) -> 
 
 
 def test_sigkill_at_any_point_then_restart_gives_exactly_the_ground_truth(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)
@@ -100,7 +100,7 @@ def test_sigkill_at_any_point_then_restart_gives_exactly_the_ground_truth(
 
 
 def test_a_table_with_tombstones_through_sigkills_equals_its_last_change_per_key(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(PARTITIONS, prefix="customers")
     app = table_app(topic, PARTITIONS)
@@ -132,7 +132,7 @@ def test_a_table_with_tombstones_through_sigkills_equals_its_last_change_per_key
 
 
 def test_collections_and_user_aggregations_through_a_sigkill_equal_python(
-    broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(PARTITIONS, prefix="plays")
     app = plays_app(topic, PARTITIONS)

@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from iqgraph.stores import StateDirectory
-from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import produce
 from iqgraph.streaming.definitions import (
     App,
     DefinitionError,
@@ -52,7 +53,7 @@ def music_app(plays: str, songs: str, profiles: str) -> App:
     )
 
 
-def _send(broker: EmbeddedBroker, topic: str, records: list[tuple[str, Any]]) -> None:
+def _send(broker: KafkaBroker, topic: str, records: list[tuple[str, Any]]) -> None:
     produce(
         broker.bootstrap_servers,
         topic,
@@ -72,7 +73,7 @@ def _genres(runner: StreamRunner, topic: str) -> dict[str, int]:
 
 
 def test_plays_are_enriched_with_the_table_as_of_their_batch(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     plays, songs, profiles = make_topic(2, prefix="plays"), make_topic(2, prefix="songs"), make_topic(2, prefix="prof")
     app = music_app(plays, songs, profiles)
@@ -87,7 +88,7 @@ def test_plays_are_enriched_with_the_table_as_of_their_batch(
     first = _plays(rng, 300, 0)
     _send(broker, plays, first)
 
-    settings = RunnerSettings(broker.bootstrap_servers, producer_config=dict(ONE_RECORD_PER_REQUEST))
+    settings = RunnerSettings(broker.bootstrap_servers)
     runner = StreamRunner(app, spark, StateDirectory(tmp_path / "state", "music"), settings)
     try:
         runner.start({plays: [0, 1], songs: [0, 1], profiles: [0, 1]})

@@ -22,7 +22,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from iqgraph.streaming.broker import EmbeddedBroker, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import produce
 from iqgraph.streaming.kafka_offsets import cap_offsets, fair_shares
 from iqgraph.streaming.kafka_source import ARROW_SCHEMA, KafkaDataSource, KafkaSourceError, KafkaSourceOptions
 from tests.conftest import MakeTopic
@@ -37,7 +38,7 @@ def record(i: int) -> Row:
 
 
 @pytest.fixture(scope="module")
-def loaded(broker: EmbeddedBroker, make_topic: MakeTopic) -> str:
+def loaded(broker: KafkaBroker, make_topic: MakeTopic) -> str:
     """Return a topic holding RECORDS keyed records over PARTITIONS partitions."""
     topic = make_topic(PARTITIONS)
     produce(broker.bootstrap_servers, topic, ((k, v, p) for p, _, k, v in map(record, range(RECORDS))))
@@ -45,7 +46,7 @@ def loaded(broker: EmbeddedBroker, make_topic: MakeTopic) -> str:
 
 
 @pytest.fixture(scope="module")
-def stream(spark: SparkSession, broker: EmbeddedBroker) -> Callable[..., DataFrame]:
+def stream(spark: SparkSession, broker: KafkaBroker) -> Callable[..., DataFrame]:
     """Return a factory of iqkafka streaming DataFrames over the session's broker."""
     spark.dataSource.register(KafkaDataSource)
 
@@ -100,7 +101,7 @@ def test_max_records_per_batch_is_honoured(stream: Callable[..., DataFrame], loa
 
 
 def test_restart_continues_from_the_checkpoint(
-    stream: Callable[..., DataFrame], broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+    stream: Callable[..., DataFrame], broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(2)
     produce(broker.bootstrap_servers, topic, [(b"a", b"1", 0), (b"b", b"2", 1)])
@@ -114,7 +115,7 @@ def test_restart_continues_from_the_checkpoint(
 
 
 def test_picks_up_new_records_while_running(
-    stream: Callable[..., DataFrame], broker: EmbeddedBroker, make_topic: MakeTopic, tmp_path: Path
+    stream: Callable[..., DataFrame], broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(3)
     seen: list[Row] = []

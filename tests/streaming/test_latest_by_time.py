@@ -16,13 +16,14 @@ from typing import Any
 import orjson
 
 from iqgraph.stores import StateDirectory
-from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import produce
 from iqgraph.streaming.definitions import App, Topic, key_value_store, latest, tumbling, window_store
 from iqgraph.streaming.partitioner import partition_for
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from iqgraph.streaming.value_types import value_types
 from tests.conftest import MakeTopic
-from tests.queries import single_node
+from tests.support.queries import single_node
 
 START_MS = 1_767_225_600_000
 ITEMS = [f"item-{i}" for i in range(12)]
@@ -67,14 +68,14 @@ def _truth(orders: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], di
 
 
 def test_latest_of_a_column_keyed_store_is_the_greatest_event_time_over_partitions(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(3, prefix="sales")
     app = _app(topic)
     orders = _orders(3, 600)
     records = [(customer.encode(), orjson.dumps(order), None) for customer, order in orders]
     produce(broker.bootstrap_servers, topic, records[:300])
-    settings = RunnerSettings(broker.bootstrap_servers, producer_config=dict(ONE_RECORD_PER_REQUEST))
+    settings = RunnerSettings(broker.bootstrap_servers)
     runner = StreamRunner(app, spark, StateDirectory(tmp_path / "state", "latest"), settings)
     try:
         runner.start({topic: [0, 1, 2]})

@@ -13,20 +13,21 @@ import orjson
 
 from iqgraph.examples.music import build_app, catalogue
 from iqgraph.stores import StateDirectory
-from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import produce
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from iqgraph.streaming.value_types import value_types
 from tests.conftest import MakeTopic
-from tests.queries import single_node
 from tests.schema.conftest import Api, RecordingQueries
-from tests.streaming.test_pipeline import START_MS
+from tests.support.pipeline import START_MS
+from tests.support.queries import single_node
 
 SEED = 11
 CHART = "query($g: String) { topSongs { top(group: $g, first: 5) { member value rank song { title genre } } } }"
 
 
-def _send(broker: EmbeddedBroker, app: App, events: list[Any]) -> None:
+def _send(broker: KafkaBroker, app: App, events: list[Any]) -> None:
     by_topic: dict[str, list[tuple[bytes, bytes | None, None]]] = {}
     for event in events:
         topic, key, value = app.addressed(event)
@@ -74,7 +75,7 @@ async def _assert_listeners_and_trends(api: Api, plays: list[Any]) -> None:
 
 
 async def test_the_charts_equal_the_ground_truth_as_plays_arrive_and_after_a_restart(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     plays_topic, songs_topic = make_topic(2, prefix="plays"), make_topic(2, prefix="songs")
     app = build_app(plays_topic, songs_topic, partitions=2)
@@ -82,7 +83,7 @@ async def test_the_charts_equal_the_ground_truth_as_plays_arrive_and_after_a_res
     events = list(itertools.islice(app.generator(SEED, START_MS), len(songs) + 4_000))
     first, second = events[: len(songs) + 2_500], events[len(songs) + 2_500 :]
     _send(broker, app, first)
-    settings = RunnerSettings(broker.bootstrap_servers, producer_config=dict(ONE_RECORD_PER_REQUEST))
+    settings = RunnerSettings(broker.bootstrap_servers)
     assignment = {plays_topic: [0, 1], songs_topic: [0, 1]}
     types = value_types(app, spark)
     runner = StreamRunner(app, spark, StateDirectory(tmp_path / "state", "music"), settings)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 
-from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import BATCHING
 from iqgraph.streaming.partitioner import (
     EVIDENCE_COUNTERS,
     PartitionerEvidence,
@@ -41,11 +42,11 @@ def test_murmur2_matches_kafkas_java_test_vectors() -> None:
     ("librdkafka", "ours"), [("murmur2_random", "murmur2"), ("consistent_random", "consistent_random")]
 )
 def test_partition_for_agrees_with_librdkafka(
-    broker: EmbeddedBroker, make_topic: MakeTopic, librdkafka: str, ours: str
+    broker: KafkaBroker, make_topic: MakeTopic, librdkafka: str, ours: str
 ) -> None:
     topic = make_topic(PARTITIONS, prefix="route")
     producer = Producer(
-        {**ONE_RECORD_PER_REQUEST, "bootstrap.servers": broker.bootstrap_servers, "partitioner": librdkafka}
+        {**BATCHING, "bootstrap.servers": broker.bootstrap_servers, "partitioner": librdkafka}
     )
     landed: dict[str, int] = {}
 

@@ -15,7 +15,8 @@ import pytest
 from confluent_kafka import Producer
 
 from iqgraph.stores import PartitionStores, StateDirectory
-from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import BATCHING
 from iqgraph.streaming.definitions import (
     App,
     KafkaSettings,
@@ -63,7 +64,7 @@ def _neither(key: str) -> int:
     return next(p for p in range(PARTITIONS) if p not in _hashes(key))
 
 
-def _produce(broker: EmbeddedBroker, topic: str, how: tuple[str | None, str | None]) -> dict[str, int]:
+def _produce(broker: KafkaBroker, topic: str, how: tuple[str | None, str | None]) -> dict[str, int]:
     """Produce one record per key, half the keys each way; return the partition each key landed on."""
     landed: dict[str, int] = {}
 
@@ -74,7 +75,7 @@ def _produce(broker: EmbeddedBroker, topic: str, how: tuple[str | None, str | No
     half = len(KEYS) // 2
     for keys, setting in ((KEYS[:half], how[0]), (KEYS[half:], how[1])):
         config = {"partitioner": setting} if setting not in (None, "explicit") else {}
-        producer = Producer({**ONE_RECORD_PER_REQUEST, **config, "bootstrap.servers": broker.bootstrap_servers})
+        producer = Producer({**BATCHING, **config, "bootstrap.servers": broker.bootstrap_servers})
         for key in keys:
             extra = {"partition": _neither(key)} if setting == "explicit" else {}
             value = orjson.dumps({"amount": 1.0})
@@ -102,7 +103,7 @@ def _evidence(partitions: Mapping[int, PartitionStores]) -> PartitionerEvidence:
 
 @pytest.fixture(scope="module")
 def detected(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[StreamRunner, dict[str, tuple[str, dict[str, int]]]]]:
     """Run one app over a topic per way of producing; yield the runner and, per way, (topic, landed)."""
     topics = {how: make_topic(PARTITIONS, prefix=f"part-{how.replace('_', '-')}") for how in PRODUCERS}

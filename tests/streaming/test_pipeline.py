@@ -7,51 +7,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from iqgraph.examples.shop import ITEMS, build_app
 from iqgraph.stores import PartitionState, StateDirectory
-from iqgraph.streaming.broker import EmbeddedBroker, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from tests.conftest import MakeTopic
-from tests.streaming.ground_truth import expected
-from tests.streaming.readback import read_back
+from tests.support.ground_truth import expected
+from tests.support.pipeline import START_MS, assert_equal_to_ground_truth, send
+from tests.support.readback import read_back
 
-START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 EVENTS = 10_000
 PARTITIONS = 6
 
 
-def send(broker: EmbeddedBroker, topic: str, events: list[tuple[str, dict[str, Any]]]) -> None:
-    produce(broker.bootstrap_servers, topic, [(k.encode(), orjson.dumps(v), None) for k, v in events])
-
-
-def assert_equal_to_ground_truth(app: App, actual: Any, events: list[tuple[str, dict[str, Any]]]) -> None:
-    truth = expected(app, events)
-    for name, table in truth.kv.items():
-        got = actual.kv[name]
-        assert got.keys() == table.keys(), name
-        for key, value in table.items():
-            if isinstance(value, float):
-                assert got[key] == pytest.approx(value, rel=1e-9), (name, key)
-            elif isinstance(value, dict):
-                assert {k: v for k, v in got[key].items() if k != "ts"} == {
-                    k: v for k, v in value.items() if k != "ts"
-                }, (name, key)
-            else:
-                assert got[key] == value, (name, key)
-    for name, table in truth.windows.items():
-        got = actual.windows[name]
-        assert got.keys() == table.keys(), name
-        assert all(got[k] == pytest.approx(v, rel=1e-9) for k, v in table.items()), name
-        assert actual.late[name] == truth.late[name], name
-
-
 @pytest.fixture(scope="module")
 def shop(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[App, list[Any], StreamRunner]]:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)
@@ -102,7 +76,8 @@ def test_status_reports_every_partition_running_without_lag(shop: Any) -> None:
 def test_the_jvm_connector_is_selected_with_equivalent_options() -> None:
     from iqgraph.streaming.runner import source_options
 
-    ours = source_options(RunnerSettings("b:9092", {"security.protocol": "SSL"}), "orders", [1, 3], {1: 10, 3: 0})
+    settings = RunnerSettings("b:9092", {"security.protocol": "SSL"}, source="iqkafka")
+    ours = source_options(settings, "orders", [1, 3], {1: 10, 3: 0})
     assert ours == {
         "kafka.security.protocol": "SSL",
         "kafka.bootstrap.servers": "b:9092",
@@ -117,3 +92,5 @@ def test_the_jvm_connector_is_selected_with_equivalent_options() -> None:
     assert jvm["assign"] == '{"orders": [1, 3]}'
     assert jvm["startingOffsets"] == '{"orders": {"1": 10, "3": 0}}'
     assert jvm["maxOffsetsPerTrigger"] == "5" and jvm["kafka.bootstrap.servers"] == "b:9092"
+    assert jvm["kafka.isolation.level"] == "read_committed"
+    assert RunnerSettings("b:9092").source == "kafka"  # Spark's own connector is the default

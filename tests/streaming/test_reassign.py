@@ -11,12 +11,12 @@ import pytest
 
 from iqgraph.examples.shop import build_app
 from iqgraph.stores import StateDirectory
-from iqgraph.streaming.broker import EmbeddedBroker
+from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.partitioner import partition_for
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from tests.conftest import MakeTopic
-from tests.streaming.readback import read_back
-from tests.streaming.test_pipeline import START_MS, assert_equal_to_ground_truth, send
+from tests.support.pipeline import START_MS, assert_equal_to_ground_truth, send
+from tests.support.readback import read_back
 
 PARTITIONS = 6
 
@@ -26,7 +26,7 @@ def _of(events: list[Any], owned: set[int]) -> list[Any]:
 
 
 def test_reassignment_keeps_untouched_partitions_and_rebuilds_new_ones(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)
@@ -63,7 +63,7 @@ def test_reassignment_keeps_untouched_partitions_and_rebuilds_new_ones(
 
 
 def test_a_query_that_dies_is_restarted_from_the_stores(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from iqgraph.streaming.sink import StoreSink
 

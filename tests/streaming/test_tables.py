@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -10,43 +9,15 @@ import orjson
 import pytest
 
 from iqgraph.stores import StateDirectory
-from iqgraph.streaming.broker import ONE_RECORD_PER_REQUEST, EmbeddedBroker, produce
-from iqgraph.streaming.definitions import App, DefinitionError, Topic, count, key_value_store, table_store
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import produce
+from iqgraph.streaming.definitions import App, DefinitionError, Topic, count, key_value_store
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from tests.conftest import MakeTopic
-
-Change = tuple[str, dict[str, Any] | None]
-
-
-def table_app(topic: str, partitions: int = 2) -> App:
-    """Return an app reading topic as a table of customers."""
-    return App(
-        name="crm",
-        topics=[Topic(topic, schema="name STRING, city STRING", partitions=partitions, table=True)],
-        stores=[table_store("customers", topic, description="Customers by id")],
-    )
+from tests.support.tables import Change, changelog, table_app, truth
 
 
-def changelog(seed: int, n: int, keys: int) -> list[Change]:
-    """Return n random changes over keys: updates, and tombstones (some for keys never written)."""
-    rng = random.Random(seed)
-    changes: list[Change] = []
-    for i in range(n):
-        key = f"c-{rng.randrange(keys + 5):03d}"  # the last 5 keys appear only as tombstones, if at all
-        deleted = rng.random() < 0.3 or int(key[2:]) >= keys
-        changes.append((key, None if deleted else {"name": f"name-{i}", "city": rng.choice(["Oslo", "Lima"])}))
-    return changes
-
-
-def truth(changes: list[Change]) -> dict[str, dict[str, Any]]:
-    """Return the table after the changes: the last value per key, a key whose last change is a tombstone gone."""
-    table: dict[str, dict[str, Any] | None] = {}
-    for key, value in changes:
-        table[key] = value
-    return {key: value for key, value in table.items() if value is not None}
-
-
-def _produce(broker: EmbeddedBroker, topic: str, changes: list[Change]) -> None:
+def _produce(broker: KafkaBroker, topic: str, changes: list[Change]) -> None:
     records = [(key.encode(), None if value is None else orjson.dumps(value), None) for key, value in changes]
     produce(broker.bootstrap_servers, topic, records)
 
@@ -63,7 +34,7 @@ def _read(runner: StreamRunner, topic: str) -> tuple[dict[str, Any], int]:
 
 
 def test_a_table_keeps_the_last_change_per_key_and_tombstones_delete(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(2, prefix="customers")
     app = table_app(topic)
@@ -72,7 +43,7 @@ def test_a_table_keeps_the_last_change_per_key_and_tombstones_delete(
     first = changelog(1, 400, keys=40)
     first += [("c-900", {"name": "x", "city": "Oslo"}), ("c-900", None), ("c-901", None), ("c-901", {"name": "y"})]
     _produce(broker, topic, first)
-    settings = RunnerSettings(broker.bootstrap_servers, producer_config=dict(ONE_RECORD_PER_REQUEST))
+    settings = RunnerSettings(broker.bootstrap_servers)
     state = StateDirectory(tmp_path / "state", "crm")
     runner = StreamRunner(app, spark, state, settings)
     try:

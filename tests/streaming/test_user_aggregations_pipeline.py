@@ -3,7 +3,6 @@ read back through the production query path, equal to Python over the same plays
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -12,47 +11,23 @@ import pytest
 
 from iqgraph import App, Topic, collect, key_value_store
 from iqgraph.stores import StateDirectory
-from iqgraph.streaming.broker import EmbeddedBroker, produce
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import produce
 from iqgraph.streaming.definitions import DefinitionError
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from iqgraph.streaming.value_types import value_types
 from tests.conftest import MakeTopic
-from tests.queries import single_node
-from tests.streaming.plays_app import HOUR, START_MS, TYPES, Play, make_plays, plays_app, truth
+from tests.support.plays import TYPES, Play, assert_plays_equal, make_plays, plays_app, read_plays, truth
 
 PARTITIONS = 3
 
 
-def _send(broker: EmbeddedBroker, topic: str, plays: list[Play]) -> None:
+def _send(broker: KafkaBroker, topic: str, plays: list[Play]) -> None:
     produce(broker.bootstrap_servers, topic, [(k.encode(), orjson.dumps(v), None) for k, v in plays])
 
 
-def read_plays(app: App, hosted: Any) -> dict[str, dict[Any, Any]]:
-    """Return every store's values by key, read through the production query path."""
-    queries = single_node(app, TYPES, hosted)
-    users = sorted({f"user-{i:02d}" for i in range(40)})
-    songs = [f"song-{i}" for i in range(12)]
-    found: dict[str, dict[Any, Any]] = {}
-    for name, keys in (("last_plays", users), ("first_listeners", songs), ("listeners", songs)):
-        values = asyncio.run(queries.get_many(name, keys))
-        found[name] = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
-    requests = [(user, START_MS, START_MS + HOUR) for user in users]
-    windows = asyncio.run(queries.fetch_many("latency", requests))
-    found["latency"] = {(w.key, w.start): w.value for per_user in windows for w in per_user}
-    return found
-
-
-def assert_plays_equal(found: dict[str, dict[Any, Any]], expected: dict[str, dict[Any, Any]]) -> None:
-    """Assert the stores equal the ground truth; the sketch within its error bound."""
-    for name in ("last_plays", "first_listeners", "latency"):
-        assert found[name] == expected[name], name
-    assert found["listeners"].keys() == expected["listeners"].keys()
-    for song, exact in expected["listeners"].items():
-        assert abs(found["listeners"][song] - exact) <= max(1, 0.05 * exact), song
-
-
 def test_collections_and_user_aggregations_equal_python_across_a_restart(
-    broker: EmbeddedBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
+    broker: KafkaBroker, spark: Any, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(PARTITIONS, prefix="plays")
     app = plays_app(topic, PARTITIONS)

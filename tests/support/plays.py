@@ -1,4 +1,5 @@
-"""A plays app with bounded collections and user aggregations, its value types and its ground truth in Python.
+"""A plays app with bounded collections and user aggregations, its value types, its ground truth in Python, and
+its stores read back through the query path and compared with that truth.
 
 Shared by the pipeline test (Spark), the crash test and the schema test (no Spark: the types built by hand
 here are checked against what streaming.value_types derives, in the pipeline test).
@@ -6,6 +7,7 @@ here are checked against what streaming.value_types derives, in the pipeline tes
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import defaultdict
 from collections.abc import Sequence
@@ -16,6 +18,7 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType, LongType, StringT
 from iqgraph import App, Topic, aggregate, collect, key_value_store, tumbling, window_store
 from iqgraph.streaming.partitioner import partition_for
 from iqgraph.streaming.sketches import histogram, hyperloglog
+from tests.support.queries import single_node
 
 SCHEMA = "user STRING, song STRING, ms DOUBLE, ts LONG"
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -102,3 +105,27 @@ def truth(plays: Sequence[Play], partitions: int) -> dict[str, dict[Any, Any]]:
     }
     exact = {song: len(users) for song, users in distinct.items()}
     return {"last_plays": dict(last), "first_listeners": dict(first), "listeners": exact, "latency": latency}
+
+
+def read_plays(app: App, hosted: Any) -> dict[str, dict[Any, Any]]:
+    """Return every store's values by key, read through the production query path."""
+    queries = single_node(app, TYPES, hosted)
+    users = sorted({f"user-{i:02d}" for i in range(40)})
+    songs = [f"song-{i}" for i in range(12)]
+    found: dict[str, dict[Any, Any]] = {}
+    for name, keys in (("last_plays", users), ("first_listeners", songs), ("listeners", songs)):
+        values = asyncio.run(queries.get_many(name, keys))
+        found[name] = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+    requests = [(user, START_MS, START_MS + HOUR) for user in users]
+    windows = asyncio.run(queries.fetch_many("latency", requests))
+    found["latency"] = {(w.key, w.start): w.value for per_user in windows for w in per_user}
+    return found
+
+
+def assert_plays_equal(found: dict[str, dict[Any, Any]], expected: dict[str, dict[Any, Any]]) -> None:
+    """Assert the stores equal the ground truth; the sketch within its error bound."""
+    for name in ("last_plays", "first_listeners", "latency"):
+        assert found[name] == expected[name], name
+    assert found["listeners"].keys() == expected["listeners"].keys()
+    for song, exact in expected["listeners"].items():
+        assert abs(found["listeners"][song] - exact) <= max(1, 0.05 * exact), song

@@ -13,8 +13,8 @@ from typing import Any
 from pyspark.sql.types import BooleanType, DataType, LongType
 from strawberry.types import ExecutionResult
 
+from iqgraph.app.catalog import entity_infos, store_info
 from iqgraph.app.live.watch import Live
-from iqgraph.app.query.partitions import entity_infos, store_info
 from iqgraph.schema import Limits, build_schema
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.context import Context, request_context
@@ -22,8 +22,8 @@ from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.sink import StoreSink
-from tests.queries import single_node
-from tests.streaming.test_change_feed import KEYS, MINUTE, START_MS, TOPIC, Orders, shop_app, where
+from tests.support.feed_shop import KEYS, MINUTE, START_MS, TOPIC, Orders, shop_app, where
+from tests.support.queries import single_node
 
 __all__ = ["KEYS", "MINUTE", "START_MS", "TOPIC", "Events", "LiveShop", "open_live_shop", "where"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from iqgraph.stores import PartitionStores, StoreKind
 from iqgraph.streaming.definitions import App
-from tests.streaming.ground_truth import Expected
+from tests.support.ground_truth import Expected
 
 FAR_PAST, FAR_FUTURE = -(1 << 62), 1 << 62
 

@@ -14,9 +14,9 @@ import httpx
 import orjson
 from confluent_kafka import KafkaError, Message, Producer
 
-from iqgraph.streaming.broker import JAVA_PARTITIONER, ONE_RECORD_PER_REQUEST
+from iqgraph.streaming.broker import BATCHING, JAVA_PARTITIONER
 from iqgraph.streaming.definitions import Event
-from tests.app.cluster_nodes import NodeProcess
+from tests.support.nodes import NodeProcess
 
 GET_MANY = "query($k: [String!]!) { orderCount { getMany(keys: $k) } }"
 GET_ONE = "query($k: String!) { orderCount { get(key: $k) count } }"
@@ -27,7 +27,7 @@ class Ingest:
 
     def __init__(self, bootstrap: str, topic: str, events: Iterator[Event], rate: float = 150) -> None:
         self.rate = rate  # events per second while started
-        self.producer = Producer({**JAVA_PARTITIONER, **ONE_RECORD_PER_REQUEST, "bootstrap.servers": bootstrap})
+        self.producer = Producer({**JAVA_PARTITIONER, **BATCHING, "bootstrap.servers": bootstrap})
         self.topic = topic
         self.events = events
         self.keys: list[str] = []  # every key produced, in produce order

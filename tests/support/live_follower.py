@@ -11,8 +11,8 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 
-from tests.app.cluster_nodes import NodeProcess
-from tests.app.test_live_transports import TransportWS, websocket
+from tests.support.nodes import NodeProcess
+from tests.support.transport_ws import TransportWS, websocket
 
 FOLLOW = """subscription($keys: [String!]!) {
   orderCountWatch(keys: $keys) { key value snapshot dropped lag position { partition offset } }
