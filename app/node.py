@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from iqgraph.app.cluster.health import PeerHealth
 from iqgraph.app.cluster.membership import (
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from iqgraph.schema.types import NodeInfo
 
 log = logging.getLogger(__name__)
+SLOW_START_S = 10.0  # a node ready later than this says where the time went
 Progress = Callable[[str], None]
 
 
@@ -77,8 +78,10 @@ class Node:
         self.bootstrap_servers = settings.bootstrap_servers or app.kafka.bootstrap_servers
         self.assignment = assignment
         self.state = NodeState.CREATED
+        self.timings: dict[str, float] = {"started": time.monotonic()}  # start-up steps, for the ready line
         self.spark: SparkSession | None = None
         self.runner: StreamRunner | None = None
+        self.types: Mapping[str, Any] = {}  # each store's Spark value type, once Spark runs
         self.local: LocalPartitions | None = None
         self.queries: ClusterStoreQueries | None = None
         self.topic_watch: TopicWatch | None = None
@@ -130,12 +133,24 @@ class Node:
         return found
 
     def start(self, progress: Progress = log.info) -> None:
-        """Start the node: open its stores, start Spark and the queries, and serve lookups."""
+        """Start the node: join the cluster, start Spark and the queries over its stores, and serve lookups."""
         self.state = NodeState.STARTING
+        self.timings["started"] = time.monotonic()
         try:
             state_dir = StateDirectory(self.settings.state_dir, self.app.name)
         except StoreError as exc:
             raise NodeStartError(str(exc)) from None
+        assignment = self._join(state_dir, progress)
+        runner = self._start_queries(state_dir, assignment, progress)
+        self._start_serving(runner)
+        self.state = NodeState.RUNNING
+        assert self.supervisor is not None and self.membership is not None  # noqa: S101 - set above
+        self.supervisor.start()
+        if self.assignment is None:
+            self._on_new_map(self.membership.current())  # a map that changed while the node started
+
+    def _join(self, state_dir: StateDirectory, progress: Progress) -> Mapping[str, Iterable[int]]:
+        """Check Kafka, join the cluster and return the partitions this node hosts (their stores unlocked)."""
         if self.settings.create_topics:
             self._create_topics(progress)
         progress(f"checking Kafka at {self.bootstrap_servers}")
@@ -154,13 +169,20 @@ class Node:
                     state_dir.check_unlocked(topic, partition)
         except StoreError as exc:
             raise NodeStartError(str(exc)) from None
+        return assignment
+
+    def _start_queries(
+        self, state_dir: StateDirectory, assignment: Mapping[str, Iterable[int]], progress: Progress
+    ) -> StreamRunner:
+        """Start Spark and the streaming queries over the hosted partitions; return their runner."""
         progress(f"starting Spark ({self.settings.spark_master}); this takes a few seconds")
         started = time.monotonic()
         self.spark = self._spark()
-        progress(f"Spark ready in {time.monotonic() - started:.1f} s; starting the streaming queries")
+        self.timings["spark"] = time.monotonic() - started
+        progress(f"Spark ready in {self.timings['spark']:.1f} s; starting the streaming queries")
         from iqgraph.streaming.value_types import value_types
 
-        types = value_types(self.app, self.spark)
+        self.types = value_types(self.app, self.spark)
         self.runner = StreamRunner(
             self.app,
             self.spark,
@@ -174,7 +196,11 @@ class Node:
         except (StoreError, DefinitionError) as exc:
             self.stop()
             raise NodeStartError(str(exc)) from None
-        runner = self.runner
+        return self.runner
+
+    def _start_serving(self, runner: StreamRunner) -> None:
+        """Make what serves reads, owner-side fields and subscriptions over the runner's partitions."""
+        assert self.membership is not None and self.spark is not None  # noqa: S101 - joined, Spark started
         self.supervisor = QuerySupervisor(runner)
         self.topic_watch = TopicWatch(
             runner.partitions, lambda topic, ps: runner.offsets(topic).latest(ps), self.app.kafka.partitioner
@@ -201,7 +227,7 @@ class Node:
         peer_states = PeerStates()
         self.queries = ClusterStoreQueries(
             self.app,
-            types,
+            self.types,
             self.local,
             self.membership,
             self.peers,
@@ -226,10 +252,6 @@ class Node:
         if len(self.membership.current().members) > 1 or self.settings.membership == "kafka":
             self.health = PeerHealth(self.membership, peer_states, verify=peer_verify(self.settings))
             self.health.start()
-        self.state = NodeState.RUNNING
-        self.supervisor.start()
-        if self.assignment is None:
-            self._on_new_map(self.membership.current())  # a map that changed while the node started
 
     def _membership(self) -> Membership:
         """Return the membership the settings ask for."""
@@ -302,7 +324,7 @@ class Node:
                 partitions = self.local.node().partitions
                 restoring = [p for p in partitions if p.state != PartitionState.RUNNING.value]
                 if not restoring:
-                    progress(f"all {len(partitions)} partitions are queryable")
+                    progress(f"all {len(partitions)} partitions are queryable: {self._ready_in()}")
                     return
                 lag = sum(p.lag for p in restoring)
                 line = f"restoring {len(restoring)} of {len(partitions)} partitions: {lag:,} records to apply"
@@ -315,6 +337,16 @@ class Node:
         thread = threading.Thread(target=watch, name="restore-progress", daemon=True)
         thread.start()
         return thread
+
+    def _ready_in(self) -> str:
+        """Return how long the node took to be ready, and where the time went when it was slow (> 10 s)."""
+        total = time.monotonic() - self.timings["started"]
+        spark = self.timings.get("spark", 0.0)
+        said = f"ready {total:.1f} s after start"
+        if total <= SLOW_START_S:
+            return said
+        why = "starting Spark" if spark >= total / 2 else "applying the partitions' records (restoring)"
+        return f"{said} (slow: Spark took {spark:.1f} s, the rest {total - spark:.1f} s; most went to {why})"
 
     def _spark(self) -> SparkSession:
         from iqgraph.streaming.session import build_spark_session, ship_module

@@ -66,7 +66,7 @@ from iqgraph.examples.shop import CUSTOMERS, generate_orders  # noqa: E402
 from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
 from iqgraph.streaming.broker import produce  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
-from tests.app.cluster_nodes import NodeProcess, Scrape, start_nodes, wait_ready, write_app_module  # noqa: E402
+from tests.support.nodes import NodeProcess, Scrape, start_nodes, wait_ready, write_app_module  # noqa: E402
 
 PARTITIONS = 6
 NODES = 3

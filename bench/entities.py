@@ -82,7 +82,7 @@ from iqgraph.examples.shop import _iso  # noqa: E402
 from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
 from iqgraph.streaming.broker import free_port, produce  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
-from tests.app.cluster_nodes import NodeProcess, Scrape, start_node, start_nodes, wait_ready  # noqa: E402
+from tests.support.nodes import NodeProcess, Scrape, start_node, start_nodes, wait_ready  # noqa: E402
 
 PARTITIONS = 6
 NODES = 3

@@ -511,7 +511,7 @@ def setup_logging(verbose: bool) -> SinkTimes:
 
 @contextlib.contextmanager
 def standalone_cluster(home: Path) -> Iterator[StandaloneCluster]:
-    """Run a Spark standalone master and one 2-core worker on loopback (tests.spark_cluster)."""
+    """Run a Spark standalone master and one 2-core worker on loopback (tests.support.spark_cluster)."""
     cluster = StandaloneCluster(home).start()
     try:
         cluster.add_worker(cores=2, memory="2g")

@@ -59,7 +59,7 @@ from bench.entities import _terminated, cpu_ms, log_tail, stop_nodes  # noqa: E4
 from iqgraph.examples.shop import generate_orders  # noqa: E402
 from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
 from iqgraph.streaming.broker import BATCHING, JAVA_PARTITIONER, produce  # noqa: E402
-from tests.app.cluster_nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
+from tests.support.nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
 
 PARTITIONS = 6
 SEED = 11

@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 from iqgraph.app.query.partitions import definition_of  # noqa: E402
 from iqgraph.app.query.routing import store_key_partitions  # noqa: E402
 from iqgraph.schema import GraphQLApp, Limits, build_schema, context_getter  # noqa: E402
-from tests.queries import single_node  # noqa: E402
-from tests.schema.apps import SHOP_TOPIC, SHOP_TYPES, START_MS, fill_shop, iso, shop_app  # noqa: E402
 from tests.schema.conftest import close_hosted, open_hosted  # noqa: E402
+from tests.support.apps import SHOP_TOPIC, SHOP_TYPES, START_MS, fill_shop, iso, shop_app  # noqa: E402
+from tests.support.queries import single_node  # noqa: E402
 
 KEYS = [f"customer-{i:04d}" for i in range(1000)]
 POINT = '{ orderCount { get(key: "customer-0001") } }'

@@ -68,7 +68,7 @@ from iqgraph.streaming.broker import free_port, produce  # noqa: E402
 from iqgraph.streaming.definitions import App, ranking_store  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
 from iqgraph.streaming.sink import PartitionBatch, StoreSink  # noqa: E402
-from tests.app.cluster_nodes import NodeProcess, start_node, start_nodes, wait_ready  # noqa: E402
+from tests.support.nodes import NodeProcess, start_node, start_nodes, wait_ready  # noqa: E402
 
 PARTITIONS = 6
 NODES = 3

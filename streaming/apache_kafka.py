@@ -134,6 +134,9 @@ ONE_MACHINE_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType(
         # drills and tests detect a dead member in seconds (Kafka's default floor is 6 s; production keeps it)
         "group.min.session.timeout.ms": "1000",
         "auto.create.topics.enable": "false",
+        # keep every record whatever its timestamp: time retention goes by the records' own timestamps, so data with
+        # event times older than 7 days (a replay, a backfill, the examples' fixed dates) would be deleted on arrival
+        "log.retention.ms": "-1",
         "log.cleaner.enable": "true",
         "num.network.threads": "2",
         "num.io.threads": "4",

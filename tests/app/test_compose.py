@@ -51,3 +51,13 @@ def test_nodes_are_parameterised_by_app_and_count_and_join_as_a_kafka_group(comp
     assert default_app is not None and load_app(default_app.group(1)).name == "shop"
     assert "${IQGRAPH_APP:-" in compose["services"]["producer"]["command"][0]
     assert (ROOT / "examples").is_dir()  # the default APP_DIR
+
+
+def test_the_compose_broker_is_the_embedded_brokers_release_with_its_settings(compose: dict[str, Any]) -> None:
+    from iqgraph.streaming.apache_kafka import KAFKA_VERSION, ONE_MACHINE_PROPERTIES
+
+    kafka = compose["services"]["kafka"]
+    assert kafka["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    environment = {k: str(v).lower() for k, v in kafka["environment"].items()}
+    for key, value in ONE_MACHINE_PROPERTIES.items():
+        assert environment.get("KAFKA_" + key.replace(".", "_").upper()) == value.lower(), key

@@ -9,6 +9,7 @@ errors with codes, never a 500 or a traceback; SIGTERM shuts the node down clean
 from __future__ import annotations
 
 import itertools
+import re
 import signal
 import subprocess
 import time
@@ -147,6 +148,7 @@ def test_long_steps_show_progress(served: Served) -> None:
     output = served.log.read_text()
     for step in ("checking Kafka", "starting Spark", "Spark ready in", "partitions are queryable", "serving shop"):
         assert step in output, output
+    assert re.search(r"partitions are queryable: ready \d+\.\d s after start", output), output
 
 
 @pytest.mark.parametrize(
