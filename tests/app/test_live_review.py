@@ -60,6 +60,24 @@ class Upstreams:
         return self.queues[n - 1]
 
 
+class _Fixed:
+    """Replicas (app.query.executor.Replicas) whose choice is a fixed function of the partition."""
+
+    node_id = "node-b"
+
+    def __init__(self, serving: Callable[[str, int], routing.Server]) -> None:
+        self.serving = serving
+
+    def choose(self, topic: str, partition: int, bound: int | None, excluded: Any) -> routing.Server:
+        return self.serving(topic, partition)
+
+    def mark_down(self, node: str) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+
 class RelayedLive(Live):
     """Node B: hosts nothing, every partition served by PEER (the active) through B's relays."""
 
@@ -67,9 +85,11 @@ class RelayedLive(Live):
         super().__init__(app or shop_app(), {}, ChangeFeed(), partitioner=lambda topic: "murmur2", node_id="node-b")
         self._opener = open_stream
 
-    def serving(
-        self, topic: str, partition: int, max_lag: int | None, excluded: set[str]
-    ) -> routing.Server | routing.Refusal:
+    @property
+    def replicas(self) -> Any:  # the executor plans over these: here, who serves is fixed by serving()
+        return _Fixed(self.serving)
+
+    def serving(self, topic: str, partition: int) -> routing.Server:
         return routing.Server(PEER, "active")
 
     def _open_stream(self, node: str, topic: str, standby: bool, caller: Principal) -> Callable[..., Any]:
@@ -210,9 +230,7 @@ async def test_a_joining_watch_gets_every_key_even_when_a_change_of_a_shared_key
 class SplitKeyLive(RelayedLive):
     """Node B: hosts partition 1 (served here), partition 0 served by PEER through a relay."""
 
-    def serving(
-        self, topic: str, partition: int, max_lag: int | None, excluded: set[str]
-    ) -> routing.Server | routing.Refusal:
+    def serving(self, topic: str, partition: int) -> routing.Server:
         return routing.Server(self.node_id if partition == 1 else PEER, "active")
 
 

@@ -75,11 +75,11 @@ def test_a_query_that_dies_is_restarted_from_the_stores(
     original = StoreSink.apply
     calls = {"n": 0}
 
-    def fail_once(self: StoreSink, batches: Any) -> None:
+    def fail_once(self: StoreSink, batches: Any, read: Any = None) -> Any:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected: the sink died")
-        original(self, batches)
+        return original(self, batches, read)
 
     monkeypatch.setattr(StoreSink, "apply", fail_once)
     runner = StreamRunner(
