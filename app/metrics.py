@@ -148,11 +148,11 @@ class NodeMetrics:
         return next((m.id for m in self._members().values() if m.url == url), UNKNOWN_PEER)
 
     def request_cut(self, reason: str) -> None:
-        """Count a request the guard cut short (app.request_guard's reasons)."""
+        """Count a request the guard cut short (app.http.request_guard's reasons)."""
         self.requests_cut.labels(reason).inc()
 
     def forwarded_received(self, claimed: str | None) -> None:
-        """Count a forwarded sub-request from the peer its signature authenticated (app.peer_auth)."""
+        """Count a forwarded sub-request from the peer its signature authenticated (app.security.peer_auth)."""
         self.received.labels(self.peer_of_id(claimed)).inc()
 
     def sent_to(self, url: str) -> None:

@@ -27,7 +27,7 @@ Status of a GraphQL response (``response_status``)
     A mutation or subscription over GET is 405 with ``Allow: POST``, decided from query and
     operationName before validation, as the spec's GET section says; another method is 405 too.
 
-Limits (``headers_too_large``, ``body_too_large``, ``timed_out``: the refusals app.request_guard sends)
+Limits (``headers_too_large``, ``body_too_large``, ``timed_out``: the refusals app.http.request_guard sends)
     a request line and headers over ``max_header_bytes``: 431; a body over ``max_body_bytes``: 413
     (refused from its Content-Length, or as soon as the bytes read pass the limit); both with code
     LIMIT_EXCEEDED. A request past its deadline (``request_timeout_ms``) before its answer began: 504

@@ -32,7 +32,7 @@ class PeerHealth:
         verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.membership = membership
-        self.verify = verify  # how peers' certificates are verified (app.tls.peer_verify)
+        self.verify = verify  # how peers' certificates are verified (app.security.tls.peer_verify)
         self.states = states
         self.interval_s = interval_s
         self.timeout_s = timeout_s

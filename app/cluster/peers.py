@@ -34,7 +34,7 @@ from iqgraph.schema.errors import NODE_UNAVAILABLE
 from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
 from iqgraph.schema.wire import CHANGES_PATH, FOLLOW_PATH, HEARTBEAT_S, INTERNAL_PATH, PEER_TIMEOUT_S, Rows, encode_json
 
-STREAM_CONNECTIONS = 512  # live streams to peers (app.live_relay bounds them: 256 upstreams, and change counts)
+STREAM_CONNECTIONS = 512  # live streams to peers (app.live.relay bounds them: 256 upstreams, and change counts)
 
 
 class PeerError(Exception):
@@ -105,7 +105,7 @@ class PeerClient:
     ) -> None:
         self.node_id = node_id
         self.signer = PeerSigner(node_id, secret or secrets.token_bytes(32))  # none: no peer would accept
-        self.verify = verify  # how peers' certificates are verified (app.tls.peer_verify)
+        self.verify = verify  # how peers' certificates are verified (app.security.tls.peer_verify)
         self.observer = observer
         self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)

@@ -94,9 +94,9 @@ def build_asgi(
             stream = PeerGate(
                 StreamEndpoint(events), verifier, node.metrics.forwarded_received, peer_body_bytes(node.settings)
             )
-            routes.append(Route(path, stream, methods=["POST"]))  # peers' live upstreams (app.live_relay)
+            routes.append(Route(path, stream, methods=["POST"]))  # peers' live upstreams (app.live.relay)
     if node.queries is not None:
-        routes += rest_routes(node.queries)  # GET /stores/{store}/keys/{key}[/metadata] (app.rest)
+        routes += rest_routes(node.queries)  # GET /stores/{store}/keys/{key}[/metadata] (app.http.rest)
     if raw_endpoint:
         routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
     if node.app.dashboard is not None:  # the app's page (App.dashboard): it reads /graphql like any client
@@ -230,7 +230,7 @@ def serve(settings: Settings, app: App) -> int:
             log_level="warning",
             timeout_graceful_shutdown=10,
             h11_max_incomplete_event_size=settings.max_header_bytes,  # with h11; RequestGuard checks them too
-            **tls,  # HTTPS (app.tls)
+            **tls,  # HTTPS (app.security.tls)
         )
         gc.collect()
         gc.freeze()  # what start-up made lives as long as the node: keep it out of the collector's full passes

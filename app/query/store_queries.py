@@ -403,7 +403,7 @@ class ClusterStoreQueries:
         """Return the first members of a ranking's group (None: all) over the cluster, greatest value first.
 
         Each partition's page of its index, resumed after the cursor's index key, merged and cut at first
-        (app.rankings): ranks continue from the cursor's.
+        (app.query.rankings): ranks continue from the cursor's.
         """
         rank, index_key = decode_rank_cursor(after, store, group)
         partitions = self.app.topic(definition_of(self.app, store, StoreKind.RANKING).topic).partitions

@@ -6,7 +6,7 @@ with one GraphQL error ``UNAUTHENTICATED`` and no data (a websocket is closed wi
 accepted). With ``websocket_init_auth``, a websocket whose handshake carries no credentials (a browser cannot
 set its headers) passes without a principal: the GraphQL app authenticates its ``connection_init`` payload
 or closes it (``schema.asgi``). Probes, ``/metrics``, GraphiQL's page and assets, the app's ``/dashboard`` page
-and the peers' ``/internal/`` endpoint (app.peer_auth checks their signatures) are not protected; every other
+and the peers' ``/internal/`` endpoint (app.security.peer_auth checks their signatures) are not protected; every other
 path is, so an endpoint added later is protected unless it is named here.
 """
 
