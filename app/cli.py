@@ -76,6 +76,13 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--group-session-timeout-ms", type=int, help="kafka membership: session timeout (10000)")
     parser.add_argument(
+        "--rebuild-lost-partitions",
+        action="store_true",
+        default=None,
+        help="rebuild a partition from the topic's earliest offset when Kafka deleted records it had not applied "
+        "(retention); without it the partition answers DATA_LOST",
+    )
+    parser.add_argument(
         "--create-topics",
         action="store_true",
         default=None,

@@ -28,6 +28,9 @@ Metrics (all prefixed ``iqgraph_``)::
     restore_remaining_records                        gauge      records left to apply by partitions not RUNNING
     partition_seconds_since_applied{topic,partition} gauge      seconds since the partition's last applied batch
     partition_stalled{topic,partition}               gauge      1 when records wait and no batch came for too long
+    partition_lost_offsets{topic,partition,first_offset,end_offset}
+                                                     gauge      offsets Kafka deleted before the partition applied
+                                                                them (retention): DATA_LOST, or rebuilt without them
     pipeline_up                                      gauge      1 while the streaming queries run (0: DEAD)
     pipeline_restarts_total                          counter    restarts of dead streaming queries by the supervisor
     pipeline_deaths_in_a_row                         gauge      deaths since the queries last ran for a while
@@ -251,6 +254,12 @@ def partition_metrics(info: NodeInfo) -> Iterator[Metric]:
         "1 when records wait and no batch was applied for longer than the stall timeout",
         labels=["topic", "partition"],
     )
+    lost = GaugeMetricFamily(
+        "iqgraph_partition_lost_offsets",
+        "Offsets [first_offset, end_offset) Kafka deleted before the partition applied them (retention): the "
+        "partition is DATA_LOST, or was rebuilt from the earliest offset without them",
+        labels=["topic", "partition", "first_offset", "end_offset"],
+    )
     tally: dict[tuple[str, str], int] = {(role, s.value): 0 for role in ("active", "standby") for s in PartitionState}
     remaining = 0
     for p in info.partitions:
@@ -260,6 +269,8 @@ def partition_metrics(info: NodeInfo) -> Iterator[Metric]:
         end.add_metric([p.topic, str(p.partition)], p.end_offset)
         since.add_metric([p.topic, str(p.partition)], p.seconds_since_applied)
         stalled.add_metric([p.topic, str(p.partition)], int(p.stalled))
+        if p.lost is not None:
+            lost.add_metric([p.topic, str(p.partition), str(p.lost[0]), str(p.lost[1])], p.lost[1] - p.lost[0])
         if p.state != PartitionState.RUNNING.value:
             remaining += p.lag
     for (role, state), count in sorted(tally.items()):
@@ -267,7 +278,7 @@ def partition_metrics(info: NodeInfo) -> Iterator[Metric]:
     restore = GaugeMetricFamily(
         "iqgraph_restore_remaining_records", "Records left to apply by partitions not yet RUNNING", value=remaining
     )
-    yield from (counts, lag, applied, end, since, stalled, restore)
+    yield from (counts, lag, applied, end, since, stalled, lost, restore)
 
 
 def tracing_extensions(enabled: bool) -> list[Callable[[], SchemaExtension]]:

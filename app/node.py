@@ -369,6 +369,7 @@ class Node:
             kafka_config={**self.app.kafka.config, **self.settings.kafka},
             max_records_per_batch=self.settings.max_records_per_batch,
             source=self.settings.kafka_source,
+            rebuild_lost=self.settings.rebuild_lost_partitions,
         )
 
     def ready(self, info: NodeInfo | None = None) -> bool:

@@ -74,6 +74,9 @@ class Settings:
     group_session_timeout_ms: int = 10_000  # kafka membership: Kafka refuses < 6000 by default
     tracing: bool = False  # OpenTelemetry spans per GraphQL request, if opentelemetry-sdk is installed
     create_topics: bool = False  # create missing input topics at start (production topics are provisioned)
+    # a partition whose unapplied records Kafka deleted (retention) is DATA_LOST (queries get the code); with this,
+    # it is rebuilt from the topic's earliest offset (README: "Records Kafka deleted before a node applied them")
+    rebuild_lost_partitions: bool = False
     # security (docs/security.md): client authentication, per-store authorization, peers, TLS
     auth: str = "none"  # "none", or the methods clients may use: "jwt", "api-key" or "jwt,api-key"
     jwt_secret: str | None = None  # HS256's shared secret (prefer IQGRAPH_JWT_SECRET to a flag)

@@ -4,7 +4,9 @@ Expected failures are ApiErrors, most of them translated from the stores excepti
 
     StoreError (stores.exceptions)       extensions.code
     ├── StoreNotReadyError               STORE_NOT_READY   + retryAfterMs, state
-    │   └── StoreMigratedError           STORE_MIGRATED    + retryAfterMs, state ("MIGRATED")
+    │   ├── StoreMigratedError           STORE_MIGRATED    + retryAfterMs, state ("MIGRATED")
+    │   └── DataLostError                DATA_LOST         + topic, partition, lostFrom, lostTo (Kafka
+    │                                                      deleted records before they were applied)
     ├── UnknownStoreError                UNKNOWN_STORE
     ├── InvalidKeyError                  INVALID_KEY
     ├── InvalidCursorError               INVALID_CURSOR
@@ -53,6 +55,7 @@ from strawberry.extensions import MaskErrors
 
 from iqgraph.schema.scalars import InvalidScalarValue
 from iqgraph.stores import (
+    DataLostError,
     InvalidCursorError,
     InvalidKeyError,
     StoreError,
@@ -77,6 +80,7 @@ STORE_NOT_AVAILABLE = "STORE_NOT_AVAILABLE"
 STALE_BEYOND_BOUND = "STALE_BEYOND_BOUND"
 NODE_UNAVAILABLE = "NODE_UNAVAILABLE"
 PARTITIONER_MISMATCH = "PARTITIONER_MISMATCH"
+DATA_LOST = "DATA_LOST"
 PARTIAL_RESULT = "PARTIAL_RESULT"
 NOT_FOUND = "NOT_FOUND"
 TIMEOUT = "TIMEOUT"
@@ -96,12 +100,15 @@ class CodeProperties:
     waits: it may clear by itself (a partition restoring or moving): retried with backoff until the deadline.
     transient: the partition cannot be read now but may be later: a scan reports it missing (PARTIAL_RESULT)
         instead of failing, and a live watch follows it again (until its deadline).
+    explains: when no replica can serve the partition, the client gets this error (it says why and what to do)
+        rather than STORE_NOT_AVAILABLE (every code that waits explains too).
     http_status: the status REST answers with it. client_error: the request itself is wrong (4xx).
     """
 
     fails_over: bool = False
     waits: bool = False
     transient: bool = False
+    explains: bool = False
     http_status: int = 500
 
     @property
@@ -120,6 +127,7 @@ CODES: Mapping[str, CodeProperties] = MappingProxyType(
         NODE_UNAVAILABLE: _REPLICA,
         STALE_BEYOND_BOUND: _REPLICA,
         STORE_NOT_AVAILABLE: CodeProperties(transient=True, http_status=503),
+        DATA_LOST: CodeProperties(fails_over=True, transient=True, explains=True, http_status=503),
         UNKNOWN_STORE: CodeProperties(http_status=404),
         NOT_FOUND: CodeProperties(http_status=404),
         INVALID_KEY: CodeProperties(http_status=400),
@@ -150,6 +158,7 @@ def fails_over(error: BaseException) -> bool:
     return isinstance(error, ApiError) and properties(error.code).fails_over
 
 _CODES: tuple[tuple[type[StoreError], str], ...] = (
+    (DataLostError, DATA_LOST),
     (StoreMigratedError, STORE_MIGRATED),
     (StoreNotReadyError, STORE_NOT_READY),
     (UnknownStoreError, UNKNOWN_STORE),
@@ -181,6 +190,15 @@ def api_error(exc: Exception) -> Exception:
         return exc
     for kind, code in _CODES:
         if isinstance(exc, kind):
+            if isinstance(exc, DataLostError):
+                return ApiError(
+                    str(exc),
+                    code,
+                    topic=exc.topic,
+                    partition=exc.partition,
+                    lostFrom=exc.first_offset,
+                    lostTo=exc.end_offset,
+                )
             if isinstance(exc, StoreNotReadyError):
                 return ApiError(str(exc), code, retryAfterMs=exc.retry_after_ms, state=exc.state)
             return ApiError(str(exc), code)

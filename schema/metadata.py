@@ -71,7 +71,11 @@ class PartitionMetadata:
     topic: str
     partition: int
     role: str = strawberry.field(description="active or standby.")
-    state: str = strawberry.field(description="CREATED, RESTORING, RUNNING or CLOSED.")
+    state: str = strawberry.field(
+        description=(
+            "CREATED, RESTORING, RUNNING, DATA_LOST (Kafka deleted records before they were applied) or CLOSED."
+        )
+    )
     applied_offset: Long = strawberry.field(description="The next offset to apply: everything before is in.")
     end_offset: Long = strawberry.field(description="The topic-partition's end offset, as last seen.")
     lag: Long = strawberry.field(description="How many records the stores are behind the topic.")

@@ -50,11 +50,12 @@ class PartitionInfo:
     topic: str
     partition: int
     role: str  # "active" | "standby"
-    state: str  # CREATED | RESTORING | RUNNING | CLOSED
+    state: str  # CREATED | RESTORING | RUNNING | DATA_LOST | CLOSED
     applied_offset: int
     end_offset: int
     seconds_since_applied: float = 0.0  # since the last batch was applied (or the partition opened)
     stalled: bool = False  # records wait and no batch was applied for longer than the node's stall timeout
+    lost: tuple[int, int] | None = None  # offsets [first, end) Kafka deleted before they were applied (this run)
 
     @property
     def lag(self) -> int:

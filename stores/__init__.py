@@ -9,6 +9,7 @@ from iqgraph.stores.bloom import BloomStore
 from iqgraph.stores.codecs import Key, KeyCodec, KeyType, decode_value, encode_value
 from iqgraph.stores.exceptions import (
     CorruptValueError,
+    DataLostError,
     InvalidCursorError,
     InvalidKeyError,
     OffsetError,
@@ -43,6 +44,7 @@ __all__ = [
     "BloomSpec",
     "BloomStore",
     "CorruptValueError",
+    "DataLostError",
     "IndexEntry",
     "InvalidCursorError",
     "InvalidKeyError",

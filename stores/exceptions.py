@@ -5,7 +5,8 @@ The whole tree hangs off one root, so callers can catch every expected store fai
     StoreError
     ├── UnknownStoreError          no store of that name in the partition database
     ├── StoreNotReadyError         the partition is not queryable (created, restoring, closed)
-    │   └── StoreMigratedError         the partition is not hosted here (moved to another node)
+    │   ├── StoreMigratedError         the partition is not hosted here (moved to another node)
+    │   └── DataLostError              records it never applied were deleted from Kafka (retention)
     ├── InvalidKeyError            a key of the wrong type or out of range for the store's key codec
     ├── ValueFormatError           a stored value that cannot be decoded
     │   ├── CorruptValueError          the bytes are not a value of the known format
@@ -42,6 +43,22 @@ class StoreMigratedError(StoreNotReadyError):
 
     def __init__(self, message: str, *, retry_after_ms: int = 1000) -> None:
         super().__init__(message, state="MIGRATED", retry_after_ms=retry_after_ms)
+
+
+class DataLostError(StoreNotReadyError):
+    """Kafka deleted records of the partition that its stores never applied: they can never be complete again.
+
+    Records [first_offset, end_offset) are gone (retention, or ``kafka-delete-records``) while the stores had
+    applied up to first_offset. Serving what they hold would be silently wrong forever; the recovery is to
+    rebuild the partition from the topic's earliest offset (``iqgraph serve --rebuild-lost-partitions``).
+    """
+
+    def __init__(self, message: str, *, topic: str, partition: int, first_offset: int, end_offset: int) -> None:
+        super().__init__(message, state="DATA_LOST")
+        self.topic = topic
+        self.partition = partition
+        self.first_offset = first_offset
+        self.end_offset = end_offset
 
 
 class InvalidKeyError(StoreError):

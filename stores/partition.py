@@ -25,6 +25,7 @@ from rocksdict import ColumnFamily, Options, Rdict, WriteBatch
 
 from iqgraph.stores.codecs import decode_int64, encode_int64
 from iqgraph.stores.exceptions import (
+    DataLostError,
     OffsetError,
     OffsetGapError,
     StateDirError,
@@ -57,6 +58,7 @@ class PartitionState(enum.Enum):
     CREATED = "CREATED"
     RESTORING = "RESTORING"
     RUNNING = "RUNNING"
+    DATA_LOST = "DATA_LOST"  # records it never applied were deleted from the topic: see PartitionDB.lost
     CLOSED = "CLOSED"
 
 
@@ -93,6 +95,8 @@ class PartitionDB:
         self._handles: dict[str, ColumnFamily] = {}
         self._write_lock = threading.Lock()
         self.state = PartitionState.CREATED
+        #: The offsets [first, end) Kafka deleted before this database applied them (state DATA_LOST), else None.
+        self.lost: tuple[int, int] | None = None
         #: Wall-clock time (time.time()) of the last batch written, or of the opening: how fresh the data is.
         self.applied_at = time.time()
         try:
@@ -144,13 +148,38 @@ class PartitionDB:
         log.debug("partition %s-%s: %s -> %s", self.topic, self.partition, self.state.value, state.value)
         self.state = state
 
+    def mark_lost(self, first_offset: int, end_offset: int) -> None:
+        """Record that Kafka deleted records [first_offset, end_offset) this database never applied (DATA_LOST)."""
+        self.lost = (first_offset, end_offset)
+        self.set_state(PartitionState.DATA_LOST)
+
+    def not_queryable(self, where: str = "") -> StoreNotReadyError:
+        """Return the error a read of this partition gets while it is not RUNNING (where: ' on <node>')."""
+        name = f"{self.topic}-{self.partition}"
+        if self.state is PartitionState.DATA_LOST and self.lost is not None:
+            first, end = self.lost
+            return DataLostError(
+                f"partition {name}{where}: records {first}..{end - 1} were deleted from Kafka before they were "
+                "applied (retention); restart the node with --rebuild-lost-partitions to rebuild it from the "
+                "earliest offset",
+                topic=self.topic,
+                partition=self.partition,
+                first_offset=first,
+                end_offset=end,
+            )
+        return StoreNotReadyError(f"partition {name} is {self.state.value}{where}", state=self.state.value)
+
+    def start_at(self, offset: int) -> None:
+        """Make a database that applied nothing start at offset (the first one Kafka still holds)."""
+        with self._write_lock:
+            if self.next_offset() != 0:
+                raise OffsetError(f"{self.topic}-{self.partition} has applied records; it cannot move its start")
+            self.family(META_CF)[NEXT_OFFSET_KEY] = encode_int64(offset)
+
     def check_queryable(self) -> None:
         """Raise StoreNotReadyError unless the partition answers queries."""
         if self.state is not PartitionState.RUNNING:
-            raise StoreNotReadyError(
-                f"partition {self.topic}-{self.partition} is {self.state.value}, not RUNNING",
-                state=self.state.value,
-            )
+            raise self.not_queryable()
 
     def meta(self, key: bytes) -> bytes | None:
         """Return the meta value stored under key."""

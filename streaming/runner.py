@@ -57,6 +57,7 @@ class RunnerSettings:
     max_records_per_batch: int = 200_000
     trigger_interval: str = "0 seconds"
     source: str = "kafka"  # Spark's JVM connector (its jars in the session), or "iqkafka": the Python Data Source
+    rebuild_lost: bool = False  # rebuild a partition whose unapplied records Kafka deleted (else: DATA_LOST)
 
     def __post_init__(self) -> None:
         if self.source not in ("iqkafka", "kafka"):
@@ -160,20 +161,59 @@ class StreamRunner:
             for topic, partitions in owned.items():  # every topic's partitions open before any query runs: a
                 self._open(topic, partitions)  # join's first batch finds its table's partitions (streaming.joins)
             for topic, partitions in owned.items():
-                self._queries.append(self._start_query(topic, partitions))
+                readable = [p for p in partitions if self.partitions[topic][p].db.state is not PartitionState.DATA_LOST]
+                if readable:
+                    self._queries.append(self._start_query(topic, readable))
 
     def _open(self, topic: str, owned: list[int]) -> None:
         open_now = self.partitions.setdefault(topic, {})
         ends = self.offsets(topic).latest(owned)
+        earliest = self.offsets(topic).earliest(owned)
         for partition in owned:
             kept = open_now.get(partition)
             stores = kept or self.state_dir.open(topic, partition, self.app.specs(topic))
-            open_now[partition] = stores
+            open_now[partition] = stores = self._from_log_start(stores, earliest[partition])
             self._targets[(topic, partition)] = ends[partition]
-            if kept is not None and kept.db.state is PartitionState.RUNNING:
+            if stores.db.state is PartitionState.DATA_LOST:
+                continue  # not read: what it holds can never be complete again
+            if kept is stores and stores.db.state is PartitionState.RUNNING:
                 continue  # kept through a reassignment: its data stays valid, it only pauses while the query restarts
             stores.db.set_state(PartitionState.RESTORING)
             mark_running_when_caught_up(stores, ends[partition])
+
+    def _from_log_start(self, stores: PartitionStores, first: int) -> PartitionStores:
+        """Return the stores to read a partition into, given the first offset Kafka still holds (retention).
+
+        A database that applied nothing starts there. One whose next offset Kafka deleted lost records
+        [next, first): it is DATA_LOST (its reads fail with the range and what to do), or, with rebuild_lost,
+        deleted and rebuilt from first (the lost range stays on it, for the metrics).
+        """
+        db = stores.db
+        applied = db.next_offset()
+        if applied >= first:
+            return stores
+        if db.lost is None and applied == 0:
+            db.start_at(first)  # a new copy reads what the topic holds, as a consumer from the earliest offset
+            return stores
+        lost = db.lost or (applied, first)
+        log.error(
+            "%s-%s: Kafka deleted records %d..%d before this node applied them (retention)%s",
+            db.topic,
+            db.partition,
+            lost[0],
+            lost[1] - 1,
+            ": rebuilding from the earliest offset"
+            if self.settings.rebuild_lost
+            else ": the partition answers DATA_LOST; restart with --rebuild-lost-partitions to rebuild it",
+        )
+        if not self.settings.rebuild_lost:
+            db.mark_lost(*lost)
+            return stores
+        db.delete()
+        rebuilt = self.state_dir.open(db.topic, db.partition, self.app.specs(db.topic))
+        rebuilt.db.start_at(first)
+        rebuilt.db.lost = lost
+        return rebuilt
 
     def _start_query(self, topic: str, owned: list[int]) -> StreamingQuery:
         stores = self.partitions[topic]

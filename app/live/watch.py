@@ -52,7 +52,7 @@ from iqgraph.schema.errors import (
     properties,
 )
 from iqgraph.schema.types import LiveChange
-from iqgraph.stores import Key, PartitionState, PartitionStores, StoreError, StoreKind, StoreNotReadyError
+from iqgraph.stores import Key, PartitionState, PartitionStores, StoreError, StoreKind
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.change_set import Change
 from iqgraph.streaming.definitions import App, StoreDefinition
@@ -335,10 +335,7 @@ class Live:
                 f"partition {topic}-{partition} {copy} on {self.node_id}", STORE_MIGRATED, partition=partition
             )
         if stores.db.state is not PartitionState.RUNNING:
-            state = stores.db.state.value
-            raise api_error(
-                StoreNotReadyError(f"partition {topic}-{partition} is {state} on {self.node_id}", state=state)
-            )
+            raise api_error(stores.db.not_queryable(f" on {self.node_id}"))
         return stores
 
     def _open_stream(self, node: str, topic: str, standby: bool, caller: Principal) -> Callable[..., Any]:

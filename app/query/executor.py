@@ -328,7 +328,8 @@ class Failover:
         moving = last is not None and properties(last.code).waits
         if (moving or self.patient) and not self.expired():
             return None
-        return last if moving and last is not None else refusal_error(refusal, self.bound)
+        explained = last is not None and (moving or properties(last.code).explains)
+        return last if explained and last is not None else refusal_error(refusal, self.bound)
 
     def given_up(self, partitions: Sequence[int]) -> ApiError:
         """Return the error of partitions still unanswered at the deadline: the last met, else unavailable."""

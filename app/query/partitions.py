@@ -41,7 +41,6 @@ from iqgraph.stores import (
     StoreError,
     StoreKind,
     StoreMigratedError,
-    StoreNotReadyError,
 )
 from iqgraph.streaming.definitions import App, StoreDefinition
 
@@ -108,7 +107,9 @@ class LocalPartitions:
                 since = max(now - db.applied_at, 0.0)
                 stalled = self.stall_timeout_s is not None and end > applied and since > self.stall_timeout_s
                 infos.append(
-                    PartitionInfo(topic, p, self._role(topic, p), db.state.value, applied, end, since, stalled)
+                    PartitionInfo(
+                        topic, p, self._role(topic, p), db.state.value, applied, end, since, stalled, db.lost
+                    )
                 )
         return NodeInfo(self.node_id, self.url, self._state(), tuple(infos), self._pipeline())
 
@@ -129,10 +130,7 @@ class LocalPartitions:
         if stores is None:
             raise StoreMigratedError(f"partition {definition.topic}-{partition} is not hosted by {self.node_id}")
         if stores.db.state is not PartitionState.RUNNING:
-            state = stores.db.state.value
-            raise StoreNotReadyError(
-                f"partition {definition.topic}-{partition} is {state} on {self.node_id}", state=state
-            )
+            raise stores.db.not_queryable(f" on {self.node_id}")
         return stores
 
     def positions(

@@ -33,8 +33,11 @@ def test_the_replica_codes_are_the_ones_that_fail_over() -> None:
         "STORE_NOT_READY",
         "STORE_MIGRATED",
         "STALE_BEYOND_BOUND",
+        "DATA_LOST",
     }
     assert {c for c in CODES if CODES[c].waits} == {"STORE_NOT_READY", "STORE_MIGRATED"}
+    # a partition whose records Kafka deleted answers why, with what to do, not STORE_NOT_AVAILABLE
+    assert {c for c in CODES if CODES[c].explains} == {"DATA_LOST"}
 
 
 def test_an_unknown_code_is_an_internal_error() -> None:

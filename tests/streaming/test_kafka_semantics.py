@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from prometheus_client import CollectorRegistry, generate_latest
 
+from iqgraph.app.metrics import partition_metrics
+from iqgraph.app.query.partitions import LocalPartitions
+from iqgraph.schema.errors import ApiError, api_error
 from iqgraph.stores import OffsetGapError, PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming import session as session_module
 from iqgraph.streaming.apache_kafka import (
@@ -139,7 +144,7 @@ def records_of(bootstrap: str, topic: str, partition: int) -> list[tuple[int, by
         }
     )
     try:
-        consumer.assign([TopicPartition(topic, partition, 0)])
+        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])  # retention may have moved it
         records: list[tuple[int, bytes | None, bytes | None]] = []
         deadline = time.monotonic() + 30
         while True:
@@ -414,3 +419,120 @@ def test_a_session_without_the_connector_says_what_to_run() -> None:
 
     assert "\n" not in str(raised.value)
     assert "python -m iqgraph.streaming.apache_kafka fetch" in str(raised.value)
+
+
+# -- retention deleting records a node has not applied ---------------------------------------------------
+
+
+def delete_records(bootstrap: str, topic: str, partition: int, before: int) -> None:
+    """Delete partition's records below offset before, as retention does (Kafka's DeleteRecords)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, partition, before)]).values():
+        future.result(timeout=30)
+
+
+def sums(records: Sequence[tuple[int, bytes | None, bytes | None]]) -> dict[str, int]:
+    """Return the amount per key of records (offset, key, value)."""
+    found: dict[str, int] = {}
+    for _, key, value in records:
+        assert key is not None and value is not None
+        found[key.decode()] = found.get(key.decode(), 0) + orjson.loads(value)["amount"]
+    return found
+
+
+def test_records_deleted_before_they_were_applied_are_data_lost_with_the_range_then_rebuilt_on_request(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    topic = new_topic(kafka, PARTITIONS)
+    app = orders_app(topic)
+    bootstrap, state = kafka.bootstrap_servers, tmp_path / "state"
+    produce_batched(bootstrap, topic, [(key, order(1)) for key in KEYS for _ in range(5)])
+    start_runner(app, spark, state, bootstrap, "kafka").stop()
+    applied = high_watermarks(bootstrap, topic, PARTITIONS)
+    produce_batched(bootstrap, topic, [(key, order(10)) for key in KEYS for _ in range(5)])
+    cut = applied[0] + 7  # while the node was away, retention deleted partition 0's records below cut
+    delete_records(bootstrap, topic, 0, cut)
+    produce_batched(bootstrap, topic, [(key, order(100)) for key in KEYS])
+    ends = high_watermarks(bootstrap, topic, PARTITIONS)
+    held = {p: records_of(bootstrap, topic, p) for p in range(PARTITIONS)}
+    assert held[0][0][0] == cut and held[1][0][0] == 0
+
+    runner = StreamRunner(app, spark, StateDirectory(state, app.name), RunnerSettings(bootstrap, source="kafka"))
+    runner.start({topic: range(PARTITIONS)})
+    try:
+        lost, kept = runner.partitions[topic][0], runner.partitions[topic][1]
+        assert lost.db.state is PartitionState.DATA_LOST and lost.db.lost == (applied[0], cut)
+        wait_until(lambda: kept.db.state is PartitionState.RUNNING and kept.db.next_offset() == ends[1])
+        assert dict(kept.kv("amount").all(limit=10_000).items) == sums(held[1])
+        assert lost.db.next_offset() == applied[0], "nothing applied past the gap"
+        # a read of the lost partition: a coded error naming the partition, the range and what to do
+        local = LocalPartitions(app, runner.partitions)
+        key = next(k for k in KEYS if partition_for(k, PARTITIONS, "string", "murmur2") == 0)
+        (failed,) = local.read_states("amount", [((key, None, None), [0])]).value
+        error = api_error(failed)
+        assert isinstance(error, ApiError) and error.code == "DATA_LOST"
+        assert error.extensions == {
+            "code": "DATA_LOST",
+            "topic": topic,
+            "partition": 0,
+            "lostFrom": applied[0],
+            "lostTo": cut,
+        }
+        assert f"records {applied[0]}..{cut - 1}" in error.message and "--rebuild-lost-partitions" in error.message
+        # the metric names the partition and the lost range
+        text = scrape_partitions(local)
+        assert (
+            f'iqgraph_partition_lost_offsets{{end_offset="{cut}",first_offset="{applied[0]}",partition="0",'
+            f'topic="{topic}"}} {float(cut - applied[0])}'
+        ) in text
+        assert 'iqgraph_partitions{role="active",state="DATA_LOST"} 1.0' in text
+    finally:
+        runner.stop()
+
+    # the documented recovery: rebuild the partition from the earliest offset Kafka holds
+    settings = RunnerSettings(bootstrap, source="kafka", rebuild_lost=True)
+    rebuilt = StreamRunner(app, spark, StateDirectory(state, app.name), settings)
+    rebuilt.start({topic: range(PARTITIONS)})
+    try:
+        rebuilt.wait_until_caught_up(timeout=CAUGHT_UP_S)
+        assert_running_at_the_end(rebuilt, topic, ends)
+        assert kv(rebuilt, topic, "amount") == sums(held[0] + held[1])
+        assert rebuilt.partitions[topic][0].db.lost == (applied[0], cut), "the metric still tells what was lost"
+    finally:
+        rebuilt.stop()
+
+    # a new node on the same topic reads from the earliest offset Kafka holds: nothing it had, nothing lost
+    fresh = start_runner(app, spark, tmp_path / "fresh", bootstrap, "kafka")
+    try:
+        assert_running_at_the_end(fresh, topic, ends)
+        assert kv(fresh, topic, "amount") == sums(held[0] + held[1])
+        assert all(stores.db.lost is None for stores in fresh.partitions[topic].values())
+    finally:
+        fresh.stop()
+
+
+def produce_batched(bootstrap: str, topic: str, records: Sequence[tuple[str, bytes]]) -> None:
+    """Produce records (key, value) with Kafka's Java partitioner, batched, and wait for every ack."""
+    producer = Producer({**JAVA_PARTITIONER, "bootstrap.servers": bootstrap, "linger.ms": 5})
+    for key, value in records:
+        producer.produce(topic, value, key.encode())
+    assert producer.flush(30) == 0
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = CAUGHT_UP_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def scrape_partitions(local: LocalPartitions) -> str:
+    """Return the partition metrics of local's node in the Prometheus text format."""
+    registry = CollectorRegistry()
+
+    class Partitions:
+        def collect(self) -> Iterator[Any]:
+            yield from partition_metrics(local.node())
+
+    registry.register(Partitions())
+    return generate_latest(registry).decode()
