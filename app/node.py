@@ -41,7 +41,7 @@ from iqgraph.app.settings import Settings
 from iqgraph.app.supervisor import QuerySupervisor
 from iqgraph.stores import PartitionState, StateDirectory, StoreError
 from iqgraph.streaming.change_feed import ChangeFeed
-from iqgraph.streaming.definitions import App, DefinitionError
+from iqgraph.streaming.definitions import App
 from iqgraph.streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 
@@ -127,7 +127,9 @@ class Node:
             if len(partitions) != topic.partitions:
                 raise NodeStartError(
                     f"topic {topic.name!r} has {len(partitions)} partitions but the app declares {topic.partitions}; "
-                    "routing needs the real count: fix Topic(partitions=…) in the app"
+                    "routing needs the real count: fix Topic(partitions=…) in the app. If the topic grew after "
+                    "records were produced, a key's records are split between two partitions: produce them into a "
+                    "new topic with the count you want and start on new state directories"
                 )
             found[topic.name] = partitions
         return found
@@ -138,7 +140,8 @@ class Node:
         self.timings["started"] = time.monotonic()
         try:
             state_dir = StateDirectory(self.settings.state_dir, self.app.name)
-        except StoreError as exc:
+            self._runner_settings()  # a Kafka setting Spark's connector cannot take fails before anything starts
+        except (StoreError, ValueError) as exc:
             raise NodeStartError(str(exc)) from None
         assignment = self._join(state_dir, progress)
         runner = self._start_queries(state_dir, assignment, progress)
@@ -183,17 +186,17 @@ class Node:
         from iqgraph.streaming.value_types import value_types
 
         self.types = value_types(self.app, self.spark)
-        self.runner = StreamRunner(
-            self.app,
-            self.spark,
-            state_dir,
-            self._runner_settings(),
-            observer=self.metrics.batch_applied,
-            change_feed=self.change_feed,
-        )
         try:
+            self.runner = StreamRunner(
+                self.app,
+                self.spark,
+                state_dir,
+                self._runner_settings(),
+                observer=self.metrics.batch_applied,
+                change_feed=self.change_feed,
+            )
             self.runner.start(assignment)
-        except (StoreError, DefinitionError) as exc:
+        except (StoreError, ValueError) as exc:  # DefinitionError is a ValueError
             self.stop()
             raise NodeStartError(str(exc)) from None
         return self.runner
@@ -203,7 +206,10 @@ class Node:
         assert self.membership is not None and self.spark is not None  # noqa: S101 - joined, Spark started
         self.supervisor = QuerySupervisor(runner)
         self.topic_watch = TopicWatch(
-            runner.partitions, lambda topic, ps: runner.offsets(topic).latest(ps), self.app.kafka.partitioner
+            runner.partitions,
+            lambda topic, ps: runner.offsets(topic).latest(ps),
+            self.app.kafka.partitioner,
+            partition_count=lambda topic: len(runner.offsets(topic).partitions()),
         )
         self.topic_watch.start()
         self.local = LocalPartitions(

@@ -5,8 +5,9 @@ Expected failures are ApiErrors, most of them translated from the stores excepti
     StoreError (stores.exceptions)       extensions.code
     ├── StoreNotReadyError               STORE_NOT_READY   + retryAfterMs, state
     │   ├── StoreMigratedError           STORE_MIGRATED    + retryAfterMs, state ("MIGRATED")
-    │   └── DataLostError                DATA_LOST         + topic, partition, lostFrom, lostTo (Kafka
-    │                                                      deleted records before they were applied)
+    │   ├── DataLostError                DATA_LOST         + topic, partition, lostFrom, lostTo (Kafka
+    │   │                                                  deleted records before they were applied)
+    │   └── RepartitionedError           TOPIC_REPARTITIONED + topic, builtFor, found (partition counts)
     ├── UnknownStoreError                UNKNOWN_STORE
     ├── InvalidKeyError                  INVALID_KEY
     ├── InvalidCursorError               INVALID_CURSOR
@@ -58,6 +59,7 @@ from iqgraph.stores import (
     DataLostError,
     InvalidCursorError,
     InvalidKeyError,
+    RepartitionedError,
     StoreError,
     StoreMigratedError,
     StoreNotReadyError,
@@ -81,6 +83,7 @@ STALE_BEYOND_BOUND = "STALE_BEYOND_BOUND"
 NODE_UNAVAILABLE = "NODE_UNAVAILABLE"
 PARTITIONER_MISMATCH = "PARTITIONER_MISMATCH"
 DATA_LOST = "DATA_LOST"
+TOPIC_REPARTITIONED = "TOPIC_REPARTITIONED"
 PARTIAL_RESULT = "PARTIAL_RESULT"
 NOT_FOUND = "NOT_FOUND"
 TIMEOUT = "TIMEOUT"
@@ -140,6 +143,7 @@ CODES: Mapping[str, CodeProperties] = MappingProxyType(
         UNAUTHENTICATED: CodeProperties(http_status=401),
         FORBIDDEN: CodeProperties(http_status=403),
         PARTITIONER_MISMATCH: CodeProperties(http_status=409),
+        TOPIC_REPARTITIONED: CodeProperties(http_status=409),
         TIMEOUT: CodeProperties(http_status=504),
         VALUE_FORMAT_ERROR: CodeProperties(http_status=500),
         PARTIAL_RESULT: CodeProperties(http_status=200),  # beside data, never in place of it
@@ -157,8 +161,10 @@ def fails_over(error: BaseException) -> bool:
     """Return whether error is a coded error after which another replica is tried."""
     return isinstance(error, ApiError) and properties(error.code).fails_over
 
+
 _CODES: tuple[tuple[type[StoreError], str], ...] = (
     (DataLostError, DATA_LOST),
+    (RepartitionedError, TOPIC_REPARTITIONED),
     (StoreMigratedError, STORE_MIGRATED),
     (StoreNotReadyError, STORE_NOT_READY),
     (UnknownStoreError, UNKNOWN_STORE),
@@ -199,6 +205,8 @@ def api_error(exc: Exception) -> Exception:
                     lostFrom=exc.first_offset,
                     lostTo=exc.end_offset,
                 )
+            if isinstance(exc, RepartitionedError):
+                return ApiError(str(exc), code, topic=exc.topic, builtFor=exc.built_for, found=exc.found)
             if isinstance(exc, StoreNotReadyError):
                 return ApiError(str(exc), code, retryAfterMs=exc.retry_after_ms, state=exc.state)
             return ApiError(str(exc), code)

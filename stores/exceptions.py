@@ -6,7 +6,8 @@ The whole tree hangs off one root, so callers can catch every expected store fai
     ├── UnknownStoreError          no store of that name in the partition database
     ├── StoreNotReadyError         the partition is not queryable (created, restoring, closed)
     │   ├── StoreMigratedError         the partition is not hosted here (moved to another node)
-    │   └── DataLostError              records it never applied were deleted from Kafka (retention)
+    │   ├── DataLostError              records it never applied were deleted from Kafka (retention)
+    │   └── RepartitionedError         its topic's partition count changed: keys moved between partitions
     ├── InvalidKeyError            a key of the wrong type or out of range for the store's key codec
     ├── ValueFormatError           a stored value that cannot be decoded
     │   ├── CorruptValueError          the bytes are not a value of the known format
@@ -59,6 +60,20 @@ class DataLostError(StoreNotReadyError):
         self.partition = partition
         self.first_offset = first_offset
         self.end_offset = end_offset
+
+
+class RepartitionedError(StoreNotReadyError):
+    """The partition's topic has another partition count than the one its stores were built for.
+
+    A record's partition is its key's hash modulo the count: once it changes, a key's records are split between
+    two partitions, and no per-key answer from these stores can be right again (Kafka cannot re-split a topic).
+    """
+
+    def __init__(self, message: str, *, topic: str, built_for: int, found: int) -> None:
+        super().__init__(message, state="REPARTITIONED")
+        self.topic = topic
+        self.built_for = built_for
+        self.found = found
 
 
 class InvalidKeyError(StoreError):

@@ -28,6 +28,7 @@ from iqgraph.stores.exceptions import (
     DataLostError,
     OffsetError,
     OffsetGapError,
+    RepartitionedError,
     StateDirError,
     StateDirLockedError,
     StoreNotReadyError,
@@ -39,7 +40,18 @@ log = logging.getLogger(__name__)
 
 META_CF = "__meta"
 NEXT_OFFSET_KEY = b"next_offset"
+TOPIC_PARTITIONS_KEY = b"topic_partitions"  # the topic's partition count when the database was created
 COUNTED_KINDS = frozenset({StoreKind.KEY_VALUE, StoreKind.WINDOW, StoreKind.RANKING})
+
+
+def repartitioned_message(topic: str, built_for: int, found: int) -> str:
+    """Return what a reader of a repartitioned topic's stores is told: what happened and what to do."""
+    return (
+        f"topic {topic!r} has {found} partitions, but the stores were built for {built_for}: a key's records are now "
+        "split between two partitions and no per-key answer can be right. Kafka cannot re-split a topic: produce "
+        f"the records into a new topic created with the partition count you want, point Topic(...) at it with "
+        "its partitions=, and start the nodes on new state directories"
+    )
 
 
 def counter_key(name: str) -> bytes:
@@ -59,6 +71,7 @@ class PartitionState(enum.Enum):
     RESTORING = "RESTORING"
     RUNNING = "RUNNING"
     DATA_LOST = "DATA_LOST"  # records it never applied were deleted from the topic: see PartitionDB.lost
+    REPARTITIONED = "REPARTITIONED"  # the topic's partition count changed: see PartitionDB.repartitioned
     CLOSED = "CLOSED"
 
 
@@ -97,6 +110,8 @@ class PartitionDB:
         self.state = PartitionState.CREATED
         #: The offsets [first, end) Kafka deleted before this database applied them (state DATA_LOST), else None.
         self.lost: tuple[int, int] | None = None
+        #: (partitions the stores were built for, partitions the topic has now) once they differ (REPARTITIONED).
+        self.repartitioned: tuple[int, int] | None = None
         #: Wall-clock time (time.time()) of the last batch written, or of the opening: how fresh the data is.
         self.applied_at = time.time()
         try:
@@ -167,7 +182,40 @@ class PartitionDB:
                 first_offset=first,
                 end_offset=end,
             )
+        if self.state is PartitionState.REPARTITIONED and self.repartitioned is not None:
+            return RepartitionedError(
+                repartitioned_message(self.topic, *self.repartitioned),
+                topic=self.topic,
+                built_for=self.repartitioned[0],
+                found=self.repartitioned[1],
+            )
         return StoreNotReadyError(f"partition {name} is {self.state.value}{where}", state=self.state.value)
+
+    def mark_repartitioned(self, found: int) -> None:
+        """Record that the topic now has found partitions, not the count the stores were built for."""
+        self.repartitioned = (self.topic_partitions(), found)
+        self.set_state(PartitionState.REPARTITIONED)
+
+    def topic_partitions(self, declared: int | None = None) -> int:
+        """Return the topic's partition count the stores are built for; the first call with declared records it.
+
+        Raises RepartitionedError if declared differs from the recorded count (the app's topic was changed).
+        """
+        raw = self.meta(TOPIC_PARTITIONS_KEY)
+        if raw is None:
+            if declared is None:
+                raise StateDirError(f"{self.topic}-{self.partition}: no partition count recorded yet")
+            self.family(META_CF)[TOPIC_PARTITIONS_KEY] = encode_int64(declared)
+            return declared
+        built_for = decode_int64(raw)
+        if declared is not None and declared != built_for:
+            raise RepartitionedError(
+                repartitioned_message(self.topic, built_for, declared),
+                topic=self.topic,
+                built_for=built_for,
+                found=declared,
+            )
+        return built_for
 
     def start_at(self, offset: int) -> None:
         """Make a database that applied nothing start at offset (the first one Kafka still holds)."""

@@ -30,6 +30,7 @@ from iqgraph.streaming.apache_kafka import FETCH_COMMAND, SPARK_KAFKA_VERSION, J
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.definitions import App
+from iqgraph.streaming.kafka_client_config import java_consumer_options
 from iqgraph.streaming.kafka_offsets import KafkaOffsets
 from iqgraph.streaming.kafka_source import KafkaDataSource
 from iqgraph.streaming.sink import BatchObserver, OffsetLog, StoreSink, mark_running_when_caught_up
@@ -62,6 +63,8 @@ class RunnerSettings:
     def __post_init__(self) -> None:
         if self.source not in ("iqkafka", "kafka"):
             raise ValueError(f"source must be 'iqkafka' (ours) or 'kafka' (Spark's JVM connector), not {self.source!r}")
+        if self.source == "kafka":  # a setting the JVM client cannot take fails now, in one line, not at a query
+            java_consumer_options({**(self.kafka_config or {}), "bootstrap.servers": self.bootstrap_servers})
 
 
 def source_options(
@@ -69,8 +72,8 @@ def source_options(
 ) -> dict[str, str]:
     """Return the reader options for the configured Kafka source over the owned partitions of topic."""
     client = {**(settings.kafka_config or {}), "bootstrap.servers": settings.bootstrap_servers}
-    options = {f"kafka.{k}": str(v) for k, v in client.items()}
-    if settings.source == "kafka":
+    if settings.source == "kafka":  # the JVM client's names for librdkafka's (SASL, SSL, …)
+        options = {f"kafka.{k}": str(v) for k, v in java_consumer_options(client).items()}
         return options | {
             # committed records only, and batch ends at the last stable offset (Spark lists offsets with this
             # isolation level too): an open transaction's records are never read, an aborted one's never applied
@@ -83,6 +86,7 @@ def source_options(
             # that hold no record (control markers, aborted records, compacted away) are skipped, not loss
             "failOnDataLoss": "true",
         }
+    options = {f"kafka.{k}": str(v) for k, v in client.items()}
     return options | {
         "topic": topic,
         "partitions": ",".join(map(str, owned)),
@@ -172,6 +176,8 @@ class StreamRunner:
         for partition in owned:
             kept = open_now.get(partition)
             stores = kept or self.state_dir.open(topic, partition, self.app.specs(topic))
+            open_now[partition] = stores
+            stores.db.topic_partitions(self.app.topic(topic).partitions)  # refuses stores built for another count
             open_now[partition] = stores = self._from_log_start(stores, earliest[partition])
             self._targets[(topic, partition)] = ends[partition]
             if stores.db.state is PartitionState.DATA_LOST:

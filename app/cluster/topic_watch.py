@@ -10,6 +10,11 @@ A background thread refreshes, every ``interval_s``:
 While a topic's detection is still "unknown" (or not made yet), ``partitioner`` detects again on the spot
 from the counters (no Kafka call): the first records a node applies are routed by at once, not one refresh
 interval later — a node turns ready as soon as its partitions catch up, before the thread's next round.
+
+It also reads each hosted topic's partition count (a metadata request on the same client): once the count is not
+the one the stores were built for — partitions were added while the nodes ran — every hosted partition of the
+topic turns REPARTITIONED (reads answer TOPIC_REPARTITIONED saying what to do, /readyz 503), within one interval:
+routing by the old count would silently miss the keys now produced to other partitions.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from iqgraph.streaming.partitioner import PartitionerEvidence, evidence_from_cou
 
 log = logging.getLogger(__name__)
 EndOffsets = Callable[[str, list[int]], Mapping[int, int]]
+PartitionCount = Callable[[str], int]
 
 
 class TopicWatch:
@@ -35,11 +41,15 @@ class TopicWatch:
         end_offsets: EndOffsets,
         partitioner: Partitioner,
         interval_s: float = 0.5,
+        partition_count: PartitionCount | None = None,
     ) -> None:
         self.partitions = partitions
         self.end_offsets = end_offsets
         self.configured = partitioner
         self.interval_s = interval_s
+        self.partition_count = partition_count
+        #: topic -> (partitions the stores were built for, partitions the topic has now), once they differ
+        self.repartitioned: dict[str, tuple[int, int]] = {}
         self._ends: dict[tuple[str, int], int] = {}
         self._detected: dict[str, str] = {}
         self._stop = threading.Event()
@@ -79,6 +89,27 @@ class TopicWatch:
             except Exception as exc:  # noqa: BLE001 - Kafka away for a moment: keep the last values
                 log.debug("end offsets of %s: %s", topic, exc)
             self._detect(topic)
+            self._check_partition_count(topic)
+
+    def _check_partition_count(self, topic: str) -> None:
+        """Mark every hosted partition of topic REPARTITIONED once its partition count changed."""
+        if self.partition_count is None:
+            return
+        try:
+            found = self.partition_count(topic)
+        except Exception as exc:  # noqa: BLE001 - Kafka away for a moment: the next round asks again
+            log.debug("partition count of %s: %s", topic, exc)
+            return
+        for stores in list(self.partitions.get(topic, {}).values()):
+            try:
+                if stores.db.topic_partitions() == found:
+                    return
+                stores.db.mark_repartitioned(found)
+            except Exception:  # noqa: BLE001,S112 - a partition closing while it moves
+                continue
+            if topic not in self.repartitioned:
+                log.error("%s", stores.db.not_queryable())
+            self.repartitioned[topic] = stores.db.repartitioned or (0, found)
 
     def _detect(self, topic: str) -> str:
         """Detect topic's partitioner from its hosted partitions' counters now, and keep the result."""

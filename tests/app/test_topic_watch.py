@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from iqgraph.app.cluster.topic_watch import TopicWatch
-from iqgraph.stores import PartitionStores, StateDirectory, StoreKind, StoreSpec
+from iqgraph.app.query.partitions import LocalPartitions
+from iqgraph.schema.errors import ApiError, api_error
+from iqgraph.stores import PartitionState, PartitionStores, RepartitionedError, StateDirectory, StoreKind, StoreSpec
+from iqgraph.streaming.definitions import App, Topic, count, key_value_store
+from iqgraph.streaming.kafka_offsets import KafkaOffsets
 from iqgraph.streaming.partitioner import EVIDENCE_COUNTERS
+
+if TYPE_CHECKING:
+    from iqgraph.streaming.apache_kafka import KafkaBroker
 
 TOPIC = "orders"
 SPECS = (StoreSpec("counts", StoreKind.KEY_VALUE, "string"),)
@@ -89,3 +99,52 @@ def test_a_failed_refresh_round_does_not_end_the_watch(hosted: dict[str, dict[in
         assert watch.end_offset(TOPIC, 0) is not None
     finally:
         watch.stop()
+
+
+def test_partitions_added_while_the_node_runs_turn_every_hosted_partition_repartitioned_with_what_to_do(
+    tmp_path: Path, broker: KafkaBroker, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic(2)
+    app = App(
+        name="grow",
+        topics=[Topic(topic, schema="amount INT", partitions=2)],
+        stores=[key_value_store("per_key", topic, count())],
+    )
+    state = StateDirectory(tmp_path / "state", app.name)
+    hosted = {topic: {p: state.open(topic, p, app.specs(topic)) for p in range(2)}}
+    offsets = KafkaOffsets({"bootstrap.servers": broker.bootstrap_servers}, topic)
+    for stores in hosted[topic].values():
+        stores.db.topic_partitions(2)  # recorded when the runner opens them
+        stores.db.set_state(PartitionState.RUNNING)
+    local = LocalPartitions(app, hosted)
+    watch = TopicWatch(
+        hosted, offsets.latest, "murmur2", interval_s=0.1, partition_count=lambda t: len(offsets.partitions())
+    )
+    watch.start()
+    try:
+        time.sleep(0.3)
+        assert all(s.db.state is PartitionState.RUNNING for s in hosted[topic].values()), "unchanged: still serving"
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+        admin.create_partitions([NewPartitions(topic, 3)])[topic].result(timeout=30)
+        deadline = time.monotonic() + 10
+        while not all(s.db.state is PartitionState.REPARTITIONED for s in hosted[topic].values()):
+            assert time.monotonic() < deadline, "the growth was not seen within 10 s"
+            time.sleep(0.05)
+        (failed,) = local.read_states("per_key", [(("k", None, None), (0,))]).value
+        error = api_error(failed)
+        assert isinstance(error, ApiError) and error.code == "TOPIC_REPARTITIONED"
+        assert error.extensions == {"code": "TOPIC_REPARTITIONED", "topic": topic, "builtFor": 2, "found": 3}
+        assert "produce the records into a new topic" in error.message
+        assert {p.state for p in local.node().partitions} == {"REPARTITIONED"}  # /readyz: not ready
+        assert watch.repartitioned == {topic: (2, 3)}
+    finally:
+        watch.stop()
+        for stores in hosted[topic].values():
+            stores.close()
+    # restarted with the count edited to the new one, the stores built for the old count refuse to open
+    again = state.open(topic, 0, app.specs(topic))
+    try:
+        with pytest.raises(RepartitionedError, match="built for 2"):
+            again.db.topic_partitions(3)
+    finally:
+        again.close()
