@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 META_CF = "__meta"
 NEXT_OFFSET_KEY = b"next_offset"
+COMMITTED_AT_KEY = b"committed_at_ms"  # wall-clock time of the last batch committed, in ms since the epoch
 TOPIC_PARTITIONS_KEY = b"topic_partitions"  # the topic's partition count when the database was created
 COUNTED_KINDS = frozenset({StoreKind.KEY_VALUE, StoreKind.WINDOW, StoreKind.RANKING})
 
@@ -216,6 +217,12 @@ class PartitionDB:
                 found=declared,
             )
         return built_for
+
+    def committed_at(self) -> float | None:
+        """Return the wall-clock time (time.time()) the last batch was committed, kept across restarts (None: never,
+        or before this was kept)."""
+        raw = self.meta(COMMITTED_AT_KEY)
+        return None if raw is None else decode_int64(raw) / 1000
 
     def start_at(self, offset: int) -> None:
         """Make a database that applied nothing start at offset (the first one Kafka still holds)."""
@@ -401,6 +408,7 @@ class PartitionTransaction:
             for hook in self._before_commit:
                 hook()
             self.put(META_CF, NEXT_OFFSET_KEY, encode_int64(self.end_offset))
+            self.put(META_CF, COMMITTED_AT_KEY, encode_int64(int(time.time() * 1000)))
             self.db.write(self._batch, self.start_offset)
         except BaseException:
             self.abort()

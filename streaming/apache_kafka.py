@@ -138,6 +138,7 @@ ONE_MACHINE_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType(
         # event times older than 7 days (a replay, a backfill, the examples' fixed dates) would be deleted on arrival
         "log.retention.ms": "-1",
         "log.cleaner.enable": "true",
+        "log.cleaner.backoff.ms": "1000",  # an idle cleaner looks for dirty logs every second (default 15 s)
         "num.network.threads": "2",
         "num.io.threads": "4",
         "num.recovery.threads.per.data.dir": "2",

@@ -34,6 +34,7 @@ from iqgraph.streaming.kafka_client_config import java_consumer_options
 from iqgraph.streaming.kafka_offsets import KafkaOffsets
 from iqgraph.streaming.kafka_source import KafkaDataSource
 from iqgraph.streaming.sink import BatchObserver, OffsetLog, StoreSink, mark_running_when_caught_up
+from iqgraph.streaming.topic_config import tombstone_retention_s
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -173,12 +174,16 @@ class StreamRunner:
         open_now = self.partitions.setdefault(topic, {})
         ends = self.offsets(topic).latest(owned)
         earliest = self.offsets(topic).earliest(owned)
+        horizon = tombstone_retention_s(self._client_config(), topic) if self.app.topic(topic).table else None
         for partition in owned:
             kept = open_now.get(partition)
             stores = kept or self.state_dir.open(topic, partition, self.app.specs(topic))
             open_now[partition] = stores
             stores.db.topic_partitions(self.app.topic(topic).partitions)  # refuses stores built for another count
+            if kept is None and horizon is not None:
+                stores = self._tombstones_kept(stores, horizon)
             open_now[partition] = stores = self._from_log_start(stores, earliest[partition])
+            stores.db.topic_partitions(self.app.topic(topic).partitions)  # recorded anew in rebuilt stores
             self._targets[(topic, partition)] = ends[partition]
             if stores.db.state is PartitionState.DATA_LOST:
                 continue  # not read: what it holds can never be complete again
@@ -186,6 +191,30 @@ class StreamRunner:
                 continue  # kept through a reassignment: its data stays valid, it only pauses while the query restarts
             stores.db.set_state(PartitionState.RESTORING)
             mark_running_when_caught_up(stores, ends[partition])
+
+    def _tombstones_kept(self, stores: PartitionStores, horizon_s: float) -> PartitionStores:
+        """Return a table partition's stores, rebuilt from scratch if they stopped applying longer ago than the
+        topic keeps tombstones (horizon_s): deletes purged since would be missed for good (streaming.topic_config).
+        """
+        committed = stores.db.committed_at()
+        if stores.db.next_offset() == 0 or (committed is not None and time.time() - committed < horizon_s):
+            return stores
+        idle = "an unknown time" if committed is None else f"{time.time() - committed:.0f} s"
+        log.warning(
+            "%s-%s: table stores last applied %s ago, longer than the topic keeps tombstones (delete.retention.ms "
+            "%.0f s): rebuilding from the earliest offset so that no purged delete is missed",
+            stores.db.topic,
+            stores.db.partition,
+            idle,
+            horizon_s,
+        )
+        return self._recreate(stores)
+
+    def _recreate(self, stores: PartitionStores) -> PartitionStores:
+        """Delete a partition's stores and return new, empty ones in their place."""
+        db = stores.db
+        db.delete()
+        return self.state_dir.open(db.topic, db.partition, self.app.specs(db.topic))
 
     def _from_log_start(self, stores: PartitionStores, first: int) -> PartitionStores:
         """Return the stores to read a partition into, given the first offset Kafka still holds (retention).
@@ -215,8 +244,7 @@ class StreamRunner:
         if not self.settings.rebuild_lost:
             db.mark_lost(*lost)
             return stores
-        db.delete()
-        rebuilt = self.state_dir.open(db.topic, db.partition, self.app.specs(db.topic))
+        rebuilt = self._recreate(stores)
         rebuilt.db.start_at(first)
         rebuilt.db.lost = lost
         return rebuilt

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from types import MappingProxyType
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -63,6 +64,13 @@ Replicas = Callable[[], Mapping[TopicPartitionKey, tuple[str, int | None]]]
 
 class GroupMembershipError(RuntimeError):
     """The node could not join the group, or the topics it needs are missing or mis-sized."""
+
+
+#: The metadata topic, compacted for real: its active segment rolls every 10 minutes, so the log cleaner keeps
+#: about the latest record per member (plus at most 10 minutes of heartbeats) and a starting node reads little.
+METADATA_TOPIC_CONFIG: Mapping[str, str] = MappingProxyType(
+    {"cleanup.policy": "compact", "segment.ms": str(10 * 60 * 1000), "min.compaction.lag.ms": "0"}
+)
 
 
 def metadata_topic_for(app_name: str) -> str:
@@ -207,7 +215,7 @@ class GroupMembership:
                 raise GroupMembershipError(f"input topic {topic!r} has {actual} partitions, configured {count}")
         if self.metadata_topic in found:
             return
-        new = NewTopic(self.metadata_topic, 1, replication_factor=-1, config={"cleanup.policy": "compact"})
+        new = NewTopic(self.metadata_topic, 1, replication_factor=-1, config=dict(METADATA_TOPIC_CONFIG))
         try:
             admin.create_topics([new])[self.metadata_topic].result(timeout=10)
         except KafkaException as exc:  # another node may have created it first: that is fine

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from iqgraph.app.cluster.group_membership import (
+    METADATA_TOPIC_CONFIG,
     GroupMembership,
     GroupMembershipError,
     MemberRecord,
@@ -176,6 +178,51 @@ def test_a_crashed_member_expires_from_the_map(join: Join, topic: str, broker: K
     gone_s = wait_for(lambda: set(first.current().members) == {"a"}, "a's map drops z")
     back_s = wait_for(lambda: active(first.current(), "a", topic) == set(range(PARTITIONS)), "a owns every partition")
     print(f"crash: z dropped after {gone_s:.2f} s, a owns all after {time.monotonic() - started:.2f} s ({back_s=:.2f})")
+
+
+def test_the_metadata_topic_is_compacted_for_real_and_a_member_joining_after_reads_the_same_map(
+    join: Join, topic: str, broker: KafkaBroker
+) -> None:
+    first, _ = join("a"), join("b")
+    wait_for(lambda: split_between(first.current(), topic, ["a", "b"]), "a and b share the partitions")
+    metadata = metadata_topic_for(first.app_name)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    resource = ConfigResource(ResourceType.TOPIC, metadata)
+    created = admin.describe_configs([resource])[resource].result(timeout=10)
+    assert {name: created[name].value for name in METADATA_TOPIC_CONFIG} == dict(METADATA_TOPIC_CONFIG)
+    # the production segment rolls every 10 minutes: roll it at once here, so the cleaner works within the test
+    quick = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in {
+        "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01"}.items()]  # fmt: skip
+    admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, metadata, incremental_configs=quick)])[
+        resource
+    ].result(timeout=10)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "probe"})
+    try:
+
+        def compacted() -> bool:  # the cleaner removed older heartbeats: fewer records than offsets
+            low, high = consumer.get_watermark_offsets(TopicPartition(metadata, 0), 10, cached=False)
+            return sum(1 for _ in _offsets(broker.bootstrap_servers, metadata)) < high - low
+
+        wait_for(compacted, "the log cleaner compacts the metadata topic", deadline_s=40.0)
+    finally:
+        consumer.close()
+    third = join("c")  # reads the compacted log from the beginning
+    wait_for(lambda: split_between(third.current(), topic, ["a", "b", "c"]), "c's map has the three members")
+    wait_for(lambda: third.current().members == first.current().members, "c and a agree on the members")
+    assert {n: active(third.current(), n, topic) for n in "abc"} == {
+        n: active(first.current(), n, topic) for n in "abc"
+    }
+
+
+def _offsets(bootstrap: str, topic: str) -> Iterator[int]:
+    """Yield the offset of every record of partition 0 of topic, read from the beginning."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "enable.partition.eof": True})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    try:
+        while (message := consumer.poll(5.0)) is not None and message.error() is None:
+            yield message.offset()
+    finally:
+        consumer.close()
 
 
 CRASHING_MEMBER = """

@@ -10,6 +10,7 @@ from pathlib import Path
 from rocksdict import Options, Rdict
 
 import iqgraph.stores as stores_pkg
+from iqgraph.stores.partition import COMMITTED_AT_KEY
 
 REPO = Path(stores_pkg.__file__).resolve().parents[1]
 
@@ -81,7 +82,8 @@ def run_writer(root: Path, mode: str, batches: int) -> int:
 
 
 def dump(root: Path) -> dict[str, dict[bytes, bytes]]:
-    """Return every column family of the writer's database, as raw bytes."""
+    """Return every column family of the writer's database, as raw bytes (not the wall-clock time of the last
+    commit, which differs between any two runs)."""
     path = str(root / "events-0")
     names = Rdict.list_cf(path, Options(raw_mode=True))
     db = Rdict(path, Options(raw_mode=True), column_families={n: Options(raw_mode=True) for n in names})
@@ -89,7 +91,7 @@ def dump(root: Path) -> dict[str, dict[bytes, bytes]]:
         out: dict[str, dict[bytes, bytes]] = {}
         for name in names:
             family = db.get_column_family(name)
-            out[name] = dict(family.items())
+            out[name] = {k: v for k, v in family.items() if k != COMMITTED_AT_KEY}
             del family
         return out
     finally:
