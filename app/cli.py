@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
             return run_dev(DevOptions(app=DEMO_APP, prefix="iqgraph demo", **options))
         return run_dev(DevOptions(app=args.app, data=args.data, **options))
     if args.command == "schema":
-        from iqgraph.app.http.server import print_schema
+        from iqgraph.app.http.sdl import print_schema
 
         return print_schema(load_app(args.app))
     if args.command == "broker":

@@ -22,7 +22,6 @@ from typing import Any
 
 import fastavro
 import orjson
-import pandas as pd
 from pyspark.sql import Column
 from pyspark.sql.pandas.functions import pandas_udf
 from pyspark.sql.types import (
@@ -356,11 +355,15 @@ def avro_json_column(value: Column, parsed: Mapping[str, Any]) -> Column:
     dict, travels in its closure. Measured beside an Arrow UDF (``arrow_udf``, pyspark 4.1+) on 200,000 values:
     the same speed (fastavro's per-value decoding dominates), and pandas UDFs work on every pyspark 4.
     """
+    import pandas as pd  # here: the Spark side needs it, the Python side (`iqgraph schema`, producers) does not
+
     schema = dict(parsed)
     floats = _has_floats(schema)
 
     def to_json(values: pd.Series) -> pd.Series:
         return pd.Series(_json_texts(values, schema, floats), index=values.index, dtype=object)
+
+    to_json.__annotations__ = {"values": pd.Series, "return": pd.Series}  # pandas_udf reads them: not as strings
 
     # pyspark's stubs type only the deprecated functionType form; this one reads to_json's type hints.
     make_udf: Callable[..., Any] = pandas_udf

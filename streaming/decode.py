@@ -14,7 +14,7 @@ is null (how the stores tell a tombstone), and its event time is the record's Ka
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -32,15 +32,18 @@ CORRUPT = "_corrupt"
 META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key", "_event_ms", "_raw_key", "_raw_value")
 
 
-def value_schema(topic: Topic) -> StructType | None:
-    """Return the StructType of topic's JSON or Avro values (None for string or bytes values)."""
+def value_schema(topic: Topic, parse: Callable[[str], DataType] = DataType.fromDDL) -> StructType | None:
+    """Return the StructType of topic's JSON or Avro values (None for string or bytes values).
+
+    parse: reads a DDL schema (Spark's parser, which needs a session; streaming.static_types passes its own).
+    """
     if topic.value_format == "avro":
         return avro_struct_type(_avro_schema(topic))
     if topic.value_format != "json":
         return None
     if isinstance(topic.schema, StructType):
         return topic.schema
-    parsed = DataType.fromDDL(str(topic.schema))
+    parsed = parse(str(topic.schema))
     if not isinstance(parsed, StructType):
         raise DefinitionError(f"topic {topic.name!r}: schema must be a struct, got {parsed.simpleString()}")
     return parsed
@@ -73,7 +76,9 @@ def _key_column(topic: Topic) -> Column:
     if topic.key_format == "string":
         return F.col("key").cast("string")
     unsigned = F.conv(F.hex(F.col("key")), 16, 10).cast("decimal(20,0)")
-    signed = F.when(unsigned >= F.lit(2**63), unsigned - F.lit(2**64)).otherwise(unsigned)
+    # the bounds as decimal literals: a Python int past 2**63 - 1 does not cross Py4J (a Java long)
+    two_63, two_64 = (F.lit(str(n)).cast("decimal(20,0)") for n in (2**63, 2**64))
+    signed = F.when(unsigned >= two_63, unsigned - two_64).otherwise(unsigned)
     return F.when(F.length("key") == 8, signed.cast("long"))
 
 
@@ -100,7 +105,10 @@ def _value_columns(topic: Topic, schema: StructType | None) -> list[Column]:
 
 
 def decode(raw: DataFrame, topic: Topic, schema: StructType | None) -> DataFrame:
-    """Return raw Kafka rows of topic decoded, with ``_error`` set on the bad ones."""
+    """Return raw Kafka rows of topic decoded, with ``_error`` set on the bad ones.
+
+    streaming.static_types.decoded_schema says the same columns' types in Python: change both together.
+    """
     return Decoder(topic, schema)(raw)
 
 

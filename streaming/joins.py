@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegralType, StringType, StructType
+from pyspark.sql.types import DataType, IntegralType, StringType, StructField, StructType
 
 from iqgraph.stores import PartitionState, PartitionStores, StoreNotReadyError
 from iqgraph.streaming.decode import value_schema
@@ -49,10 +49,13 @@ _KEY, _PARTITION = "_jkey", "_jpartition"
 _PAGE = 10_000
 
 
-def table_schema(app: App, join: Join) -> StructType:
-    """Return the columns a join adds: the table store's kept columns, with the topic's types."""
+def table_schema(app: App, join: Join, parse: Callable[[str], DataType] = DataType.fromDDL) -> StructType:
+    """Return the columns a join adds: the table store's kept columns, with the topic's types.
+
+    parse: reads a DDL schema (see streaming.decode.value_schema).
+    """
     table = app.store(join.table)
-    schema = value_schema(app.topic(table.topic))
+    schema = value_schema(app.topic(table.topic), parse)
     if schema is None:
         raise DefinitionError(f"table {join.table!r} has no JSON schema to join with")
     names = table.aggregate.columns or tuple(schema.fieldNames())
@@ -95,32 +98,57 @@ def joined(app: App, frame: DataFrame, store: StoreDefinition, table: DataFrame)
     join = store.join
     assert join is not None  # noqa: S101 - called for stores with a join
     on = join.on or "_key"
-    if on not in frame.columns:
-        raise DefinitionError(f"store {store.name!r} joins {join.table!r} on column {on!r}, which its records lack")
-    if not isinstance(frame.schema[on].dataType, StringType | IntegralType):
-        raise DefinitionError(
-            f"store {store.name!r} joins {join.table!r} on column {on!r} of type "
-            f"{frame.schema[on].dataType.simpleString()}: a table's keys are strings or integers"
-        )
     renamed = table.select(
         _KEY, _PARTITION, *[F.col(c).alias(join.prefix + c) for c in table.columns if c not in (_KEY, _PARTITION)]
     )
-    added = [c for c in renamed.columns if c not in (_KEY, _PARTITION)]
+    _check_join(store, frame.schema, [c for c in renamed.columns if c not in (_KEY, _PARTITION)])
+    condition = frame[on].cast("string") == renamed[_KEY]
+    if not app.topic(app.store(join.table).topic).global_table:  # co-partitioned: within the partition
+        condition = condition & (frame["_partition"] == renamed[_PARTITION])
+    return frame.join(F.broadcast(renamed), condition, join.how).drop(_KEY, _PARTITION)
+
+
+def joined_schema(
+    app: App, store: StoreDefinition, records: StructType, parse: Callable[[str], DataType] = DataType.fromDDL
+) -> StructType:
+    """Return the schema of a store's records joined with its table: what Spark's analysis of ``joined`` finds.
+
+    The table's columns follow the records' as the table's topic declares them (renamed by the join's prefix);
+    a left join makes them nullable.
+    """
+    join = store.join
+    assert join is not None  # noqa: S101 - called for stores with a join
+    added = [
+        StructField(join.prefix + f.name, f.dataType, f.nullable or join.how == "left", f.metadata)
+        for f in table_schema(app, join, parse).fields
+    ]
+    _check_join(store, records, [f.name for f in added])
+    return StructType([*records.fields, *added])
+
+
+def _check_join(store: StoreDefinition, records: StructType, added: list[str]) -> None:
+    """Refuse a join of a store's records (their schema) that adds the columns added."""
+    join = store.join
+    assert join is not None  # noqa: S101 - called for stores with a join
+    on = join.on or "_key"
+    if on not in records.fieldNames():
+        raise DefinitionError(f"store {store.name!r} joins {join.table!r} on column {on!r}, which its records lack")
+    if not isinstance(records[on].dataType, StringType | IntegralType):
+        raise DefinitionError(
+            f"store {store.name!r} joins {join.table!r} on column {on!r} of type "
+            f"{records[on].dataType.simpleString()}: a table's keys are strings or integers"
+        )
     if join.how == "left" and store.key in added:
         raise DefinitionError(
             f"store {store.name!r} is keyed by {store.key!r}, a column of table {join.table!r}, with a left join: a "
             "record without a match would have a null key (a bad record); use how='inner'"
         )
-    clash = [c for c in added if c in frame.columns]
+    clash = [c for c in added if c in records.fieldNames()]
     if clash:
         raise DefinitionError(
             f"store {store.name!r}: table {join.table!r} adds columns {clash} its records already have; "
             f"give the join a prefix (Join(..., prefix='{join.table}_'))"
         )
-    condition = frame[on].cast("string") == renamed[_KEY]
-    if not app.topic(app.store(join.table).topic).global_table:  # co-partitioned: within the partition
-        condition = condition & (frame["_partition"] == renamed[_PARTITION])
-    return frame.join(F.broadcast(renamed), condition, join.how).drop(_KEY, _PARTITION)
 
 
 class JoinAbandonedError(RuntimeError):

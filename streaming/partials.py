@@ -25,9 +25,9 @@ from pyspark.sql.types import IntegralType, NumericType
 
 from iqgraph.stores import StoreKind
 from iqgraph.streaming.arrow_partials import PARTIALS_SCHEMA, StorePlan, partials_of
-from iqgraph.streaming.decode import META_COLUMNS
 from iqgraph.streaming.definitions import DefinitionError, StoreDefinition
 from iqgraph.streaming.joins import Enrich
+from iqgraph.streaming.static_types import check_records
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -67,13 +67,7 @@ def store_frame(good: DataFrame, store: StoreDefinition, enrich: Enrich | None =
     """Return the good records of a batch after the store's join and transformation, its key as ``_skey``."""
     frame = enrich(good) if enrich is not None else good
     frame = store.transform(frame) if store.transform is not None else frame
-    missing = [c for c in ("_partition", "_offset", "_event_ms", "_raw_key", "_raw_value") if c not in frame.columns]
-    if missing:
-        raise DefinitionError(
-            f"the transform of store {store.name!r} dropped {missing}; keep the columns {list(META_COLUMNS)}"
-        )
-    if store.key is not None and store.key not in frame.columns:
-        raise DefinitionError(f"store {store.name!r} is keyed by column {store.key!r}, which its records lack")
+    check_records(store, frame.columns)
     return frame.withColumn("_skey", F.col(store.key or "_key"))
 
 

@@ -12,7 +12,6 @@ import logging
 import secrets
 import signal
 import socket
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -277,29 +276,3 @@ def run_until_signalled(server: uvicorn.Server, listener: socket.socket | None =
 
 def _note_signal(sig: int, _frame: object) -> None:
     log.info("received signal %d after the server stopped", sig)
-
-
-def print_schema(app: App) -> int:
-    """Print the SDL of app's schema (value types need a brief local Spark session)."""
-    from iqgraph.app.catalog import entity_infos, store_info
-    from iqgraph.app.owner.runner import owner_field_infos
-    from iqgraph.schema import Limits, build_schema
-    from iqgraph.streaming.session import build_spark_session
-    from iqgraph.streaming.value_types import value_types
-
-    spark = build_spark_session("local[1]", app_name="iqgraph-schema", log_level="ERROR", kafka_connector=False)
-    try:
-        types = value_types(app, spark)
-    finally:
-        spark.stop()
-    stores = [store_info(app, s, types[s.name]) for s in app.stores]
-    schema = build_schema(
-        stores,
-        Limits(),
-        entities=entity_infos(app),
-        owner_fields=owner_field_infos(app),
-        description=app.description,
-        subscriptions=True,  # the schema a node serves
-    )
-    sys.stdout.write(schema.as_str() + "\n")
-    return 0
