@@ -8,13 +8,14 @@ the same rules in Python (``iqgraph schema`` prints the SDL without starting Spa
   columns. ``from_json`` makes the declared schema nullable at every level (Spark forces its schema
   nullable) and keeps the columns' comments; string and bytes values are one nullable ``value`` column;
 - a join (``streaming.joins.joined_schema``): the table's kept columns as its topic declares them;
-- a transform is the user's code on a DataFrame: only Spark can say what it returns.
+- a transform is the user's code on a DataFrame: one that only filters keeps its records' schema (it runs on
+  a stand-in DataFrame, ``streaming.filter_frame``); what any other returns only Spark can say.
 
-What only Spark can type raises ``NeedsSparkError`` naming the store (or topic) and why: a store with a
-transform, a DDL string this module's parser (``streaming.ddl``) does not read, a char/varchar or any type
-outside decode's, a comment with escapes. The caller then asks Spark (``value_types``) for the whole app.
-The rules that turn a store's records into its value type (``value_type``, ``ranked_type``) are the same
-for both paths.
+What only Spark can type raises ``NeedsSparkError`` naming the store (or topic) and why: a transform that
+does more than filter, a DDL string this module's parser (``streaming.ddl``) does not read, a char/varchar
+or any type outside decode's, a comment with escapes. The caller then asks Spark (``value_types``) for the
+whole app. The rules that turn a store's records into its value type (``value_type``, ``ranked_type``) are
+the same for both paths.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from iqgraph.stores import StoreKind
 from iqgraph.streaming.ddl import DDLError, parse_ddl
 from iqgraph.streaming.decode import META_COLUMNS, value_schema
 from iqgraph.streaming.definitions import App, DefinitionError, StoreDefinition, Topic
+from iqgraph.streaming.filter_frame import Unsupported, filtered_schema
 from iqgraph.streaming.joins import joined_schema
 
 __all__ = ["NeedsSparkError", "check_records", "ranked_type", "static_value_types", "value_type"]
@@ -130,14 +132,19 @@ def _nullable(data_type: DataType, where: str) -> DataType:
 
 
 def _store_records(app: App, store: StoreDefinition, decoded: StructType) -> StructType:
-    """Return the schema of a store's records: the decoded ones after its join (its transform needs Spark)."""
+    """Return the schema of a store's records: the decoded ones after its join and its transform (if it filters)."""
     records = decoded
     if store.join is not None:
         table_topic = app.store(store.join.table).topic
         records = joined_schema(app, store, decoded, parse=partial(_parse_ddl, topic=table_topic))
     if store.transform is not None:
-        what = "ranks a store with" if store.kind is StoreKind.RANKING else "has"
-        raise NeedsSparkError(f"store {store.name!r} {what} a transform (a PySpark function only Spark can type)")
+        try:
+            records = filtered_schema(store.transform, records)
+        except Unsupported as why:
+            what = "ranks a store with" if store.kind is StoreKind.RANKING else "has"
+            raise NeedsSparkError(
+                f"store {store.name!r} {what} a transform that does more than filter ({why})"
+            ) from None
     check_records(store, records.fieldNames())
     return records
 
