@@ -1,0 +1,104 @@
+"""Start-up times: the embedded Apache Kafka broker, a node on an empty topic, and `iqgraph schema`.
+
+    python -m bench.startup [--runs 3]
+
+Each figure is measured `runs` times in one run, side by side, and printed as min / median / max:
+- broker: `KafkaBroker` start until it is registered and unfenced (`ready_seconds`: readiness checked, not slept);
+- node on an empty topic: `iqgraph serve` (local[1], the shop example) started until /readyz answers 200, and the
+  node's own "ready X s after start" line (from its log: where the time went when slow);
+- `iqgraph schema --app iqgraph.examples.shop:app`: wall time of the whole command (a new interpreter each run).
+Goals (the Real Kafka issue): broker ≤ 10 s, node ready on an empty topic ≤ 10 s, schema ≤ 3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from iqgraph.streaming.apache_kafka import KafkaBroker, ensure_kafka_jars
+from iqgraph.streaming.broker import free_port
+from tests.support.nodes import start_node, write_app_module
+
+PARTITIONS = 6
+READY_LINE = re.compile(r"ready (\d+(?:\.\d+)?) s after start")
+
+
+def broker_start() -> float:
+    """Return the seconds one embedded broker took to be ready."""
+    with KafkaBroker() as broker:
+        assert broker.ready_seconds is not None
+        return broker.ready_seconds
+
+
+def node_ready(broker: KafkaBroker, home: Path, run: int) -> tuple[float, float]:
+    """Return (seconds until /readyz 200 seen from outside, the node's own ready figure) on a new empty topic."""
+    topic = f"startup-{run}-{int(time.time())}"
+    broker.create_topics({topic: PARTITIONS})
+    module = f"startupapp{run}"
+    write_app_module(home, module, topic, PARTITIONS, broker.bootstrap_servers)
+    began = time.monotonic()
+    node = start_node(home, module, f"node-{run}", free_port())
+    try:
+        deadline = began + 180
+        while True:
+            assert node.process.poll() is None, node.log.read_text()[-2000:]
+            assert time.monotonic() < deadline, "not ready in 180 s"
+            try:
+                if httpx.get(f"{node.url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        outside = time.monotonic() - began
+        found = READY_LINE.search(node.log.read_text())
+        return outside, float(found.group(1)) if found else float("nan")
+    finally:
+        node.kill()
+
+
+def schema_wall() -> float:
+    """Return the wall seconds of `iqgraph schema --app iqgraph.examples.shop:app`."""
+    began = time.monotonic()
+    subprocess.run(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "iqgraph.app.cli", "schema", "--app", "iqgraph.examples.shop:app"],
+        check=True,
+        capture_output=True,
+    )
+    return time.monotonic() - began
+
+
+def spread(values: list[float]) -> str:
+    """Return min / median / max of values."""
+    return f"{min(values):6.2f} {statistics.median(values):6.2f} {max(values):6.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    ensure_kafka_jars()
+    brokers = [broker_start() for _ in range(args.runs)]
+    schemas = [schema_wall() for _ in range(args.runs)]
+    outside, inside = [], []
+    with tempfile.TemporaryDirectory(prefix="iqgraph-startup-") as home, KafkaBroker() as broker:
+        for run in range(args.runs):
+            seen, said = node_ready(broker, Path(home), run)
+            outside.append(seen)
+            inside.append(said)
+    print(f"{'seconds (min median max)':44} {'min':>6} {'median':>6} {'max':>6}")
+    print(f"{'embedded broker: start to ready':44} {spread(brokers)}")
+    print(f"{'node on an empty topic: start to /readyz 200':44} {spread(outside)}")
+    print(f"{'node on an empty topic: its ready line':44} {spread(inside)}")
+    print(f"{'iqgraph schema (shop), whole command':44} {spread(schemas)}")
+
+
+if __name__ == "__main__":
+    main()
