@@ -15,7 +15,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from iqgraph.app.cluster.health import PeerHealth
 from iqgraph.app.cluster.membership import (
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from iqgraph.schema.types import NodeInfo
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 SLOW_START_S = 10.0  # a node ready later than this says where the time went
 Progress = Callable[[str], None]
 
@@ -143,7 +145,17 @@ class Node:
             self._runner_settings()  # a Kafka setting Spark's connector cannot take fails before anything starts
         except (StoreError, ValueError) as exc:
             raise NodeStartError(str(exc)) from None
-        assignment = self._join(state_dir, progress)
+        progress(f"starting Spark ({self.settings.spark_master}) while joining; this takes a few seconds")
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-start") as pool:
+            spark = pool.submit(self._timed, "spark", self._spark)  # the JVM starts while Kafka is checked
+            try:
+                assignment = self._join(state_dir, progress)
+            except BaseException:
+                if spark.exception() is None:
+                    spark.result().stop()
+                raise
+            self.timings["joined"] = time.monotonic() - self.timings["started"]
+            self.spark = spark.result()
         runner = self._start_queries(state_dir, assignment, progress)
         self._start_serving(runner)
         self.state = NodeState.RUNNING
@@ -178,11 +190,9 @@ class Node:
         self, state_dir: StateDirectory, assignment: Mapping[str, Iterable[int]], progress: Progress
     ) -> StreamRunner:
         """Start Spark and the streaming queries over the hosted partitions; return their runner."""
-        progress(f"starting Spark ({self.settings.spark_master}); this takes a few seconds")
-        started = time.monotonic()
-        self.spark = self._spark()
-        self.timings["spark"] = time.monotonic() - started
+        assert self.spark is not None  # noqa: S101 - started with the join
         progress(f"Spark ready in {self.timings['spark']:.1f} s; starting the streaming queries")
+        started = time.monotonic()
         from iqgraph.streaming.value_types import value_types
 
         self.types = value_types(self.app, self.spark)
@@ -199,7 +209,16 @@ class Node:
         except (StoreError, ValueError) as exc:  # DefinitionError is a ValueError
             self.stop()
             raise NodeStartError(str(exc)) from None
+        self.timings["queries"] = time.monotonic() - started
         return self.runner
+
+    def _timed(self, step: str, run: Callable[[], T]) -> T:
+        """Return run(), keeping how long it took as timings[step]."""
+        started = time.monotonic()
+        try:
+            return run()
+        finally:
+            self.timings[step] = time.monotonic() - started
 
     def _start_serving(self, runner: StreamRunner) -> None:
         """Make what serves reads, owner-side fields and subscriptions over the runner's partitions."""
@@ -330,7 +349,7 @@ class Node:
                 partitions = self.local.node().partitions
                 restoring = [p for p in partitions if p.state != PartitionState.RUNNING.value]
                 if not restoring:
-                    progress(f"all {len(partitions)} partitions are queryable: {self._ready_in()}")
+                    progress(f"all {len(partitions)} partitions are queryable: {self.ready_in()}")
                     return
                 lag = sum(p.lag for p in restoring)
                 line = f"restoring {len(restoring)} of {len(partitions)} partitions: {lag:,} records to apply"
@@ -344,15 +363,27 @@ class Node:
         thread.start()
         return thread
 
-    def _ready_in(self) -> str:
-        """Return how long the node took to be ready, and where the time went when it was slow (> 10 s)."""
+    def ready_in(self) -> str:
+        """Return how long the node took to be ready, and where the time went when it was slow (> 10 s).
+
+        Spark starts while the node checks Kafka and joins the cluster; then the streaming queries start (the
+        stores' value types, opening the partitions, the first query plans); then the partitions apply what
+        Kafka holds (restoring).
+        """
         total = time.monotonic() - self.timings["started"]
-        spark = self.timings.get("spark", 0.0)
         said = f"ready {total:.1f} s after start"
         if total <= SLOW_START_S:
             return said
-        why = "starting Spark" if spark >= total / 2 else "applying the partitions' records (restoring)"
-        return f"{said} (slow: Spark took {spark:.1f} s, the rest {total - spark:.1f} s; most went to {why})"
+        joined, spark = self.timings.get("joined", 0.0), self.timings.get("spark", 0.0)
+        queries = self.timings.get("queries", 0.0)
+        steps = {
+            "starting Spark (while joining)": max(spark, joined),
+            "starting the streaming queries": queries,
+            "applying the records Kafka holds (restoring)": max(total - max(spark, joined) - queries, 0.0),
+        }
+        shown = ", ".join(f"{what} {seconds:.1f} s" for what, seconds in steps.items())
+        slowest = max(steps, key=lambda what: steps[what])
+        return f"{said} (slow: {shown}; most went to {slowest}; Kafka checked and cluster joined in {joined:.1f} s)"
 
     def _spark(self) -> SparkSession:
         from iqgraph.streaming.session import build_spark_session, ship_module
