@@ -7,14 +7,18 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck bench-stores bench-ingest check-java check-chromium install clean
 
+# pip runs through tools/pip_install.py: a line per download of 1 MB or more (the rest summed), its progress, the
+# time it took, and pip's warnings and errors as they are; not pip's page of "Collecting" lines.
+PIP_INSTALL := $(BIN)/python tools/pip_install.py
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(PIP_INSTALL) --upgrade pip
 
 # Apache Kafka's jars and Spark's Kafka connector come from Maven Central (mvn, checksums checked against
 # streaming/kafka/*.lock), cached under ~/.cache/iqgraph: a second install downloads nothing.
 $(STAMP): pyproject.toml streaming/kafka/pom.xml streaming/kafka/spark-kafka-pom.xml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+	$(PIP_INSTALL) -e '.[test]'
 	$(BIN)/python -m iqgraph.streaming.apache_kafka fetch
 	touch $(STAMP)
 
@@ -100,3 +104,9 @@ bench-entities: install check-java
 .PHONY: bench-rankings
 bench-rankings: install check-java
 	$(BIN)/python bench/rankings.py
+
+# `make demo` from a fresh clone with empty pip, Maven and jar caches, then warm: the time to its first answer
+# (docs/benchmarks.md, "Cold start"). It starts Spark: flock /tmp/iqgraph-spark.lock make bench-cold-start
+.PHONY: bench-cold-start
+bench-cold-start:
+	$(PYTHON) bench/cold_start.py

@@ -133,6 +133,9 @@ ONE_MACHINE_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType(
         "group.initial.rebalance.delay.ms": "0",
         # drills and tests detect a dead member in seconds (Kafka's default floor is 6 s; production keeps it)
         "group.min.session.timeout.ms": "1000",
+        # the same for KIP-848's consumer protocol (defaults: sessions of 45 s at least, heartbeats every 5 s at least)
+        "group.consumer.min.session.timeout.ms": "1000",
+        "group.consumer.min.heartbeat.interval.ms": "100",
         "auto.create.topics.enable": "false",
         # keep every record whatever its timestamp: time retention goes by the records' own timestamps, so data with
         # event times older than 7 days (a replay, a backfill, the examples' fixed dates) would be deleted on arrival
@@ -248,19 +251,21 @@ class JarSet:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         (home / _MARKER).write_text(self.lock_text(), encoding="utf-8")
-        progress(f"{self.label}: {len(jars)} jars checked (sha256) in {time.monotonic() - began:.1f} s")
+        progress(f"{self.label}: {len(jars)} jars fetched and checked (sha256) in {time.monotonic() - began:.1f} s")
 
     def _copy_dependencies(
         self, target: Path, progress: Callable[[str], object], expected: set[str] | None = None
     ) -> None:
         """Run mvn on the package's pom to copy its runtime jars into target, reporting the downloads.
 
-        Downloads of jars not in expected (mvn's own plugins, on its first run) are summed in one line.
+        A jar of 1 MB or more gets a line as it arrives, the smaller ones one line together; downloads of jars not
+        in expected (mvn's own plugins, on its first run) are summed in one line.
         """
         mvn = shutil.which("mvn")
         if mvn is None:
             raise JarsError(f"fetching {self.label} needs Maven: apt-get install maven")
         tooling: list[float] = []  # mvn's own plugins, downloaded on its first run on a machine
+        small: list[float] = []
         with tempfile.TemporaryDirectory(prefix="iqgraph-pom-") as workdir:
             pom = Path(workdir) / "pom.xml"  # mvn may write beside the pom: never into the installed package
             shutil.copyfile(_package_file(self.pom), pom)
@@ -275,13 +280,17 @@ class JarSet:
                     output.append(line)
                     if match := _DOWNLOADED.search(line):
                         name, size = match.group(1), float(match.group(2)) * _UNITS[match.group(3)]
-                        if expected is None or name in expected:
-                            progress(f"  downloaded {name} ({_size(size)})")
-                        else:
+                        if expected is not None and name not in expected:
                             tooling.append(size)
+                        elif size < _NAMED_FROM_BYTES:
+                            small.append(size)
+                        else:
+                            progress(f"  downloaded {name} ({_size(size)})")
             if process.returncode != 0:
                 tail = "".join(output[-25:])
                 raise JarsError(f"mvn could not fetch {self.label} (exit {process.returncode}):\n{tail}")
+        if small:
+            progress(f"  and {len(small)} smaller jars ({_size(sum(small))})")
         if tooling:
             plugin = f"{len(tooling)} jars of Maven's dependency plugin ({_size(sum(tooling))})"
             progress(f"  and {plugin}, once per machine")
@@ -405,6 +414,7 @@ def _exclusive(path: Path) -> Iterator[None]:
 
 _DOWNLOADED = re.compile(r"Downloaded from \S+: \S+/([^/\s]+\.jar) \(([\d.]+) (B|kB|MB|GB)\b")
 _UNITS = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+_NAMED_FROM_BYTES = 1e6  # a downloaded jar this large gets its own line; the smaller ones share one
 
 
 def _sha256(path: Path) -> str:

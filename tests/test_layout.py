@@ -4,8 +4,10 @@ production code."""
 from __future__ import annotations
 
 import ast
+import fnmatch
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,3 +49,21 @@ def test_no_file_under_tests_imports_a_test_module() -> None:
             imported = [m for m in modules if m.rsplit(".", 1)[-1].startswith("test_")]
             found += [f"{path.relative_to(ROOT)}:{node.lineno} imports {m}" for m in imported]
     assert not found, "\n".join(found)
+
+
+def test_every_folder_and_data_file_of_the_package_is_declared() -> None:
+    """setuptools prints some 40 lines per folder it finds importable but undeclared, at every install (once ~150
+    lines before `make demo` said anything): every folder under package-dir is in `packages`, and every file in it
+    that is not Python matches its package-data."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    undeclared, unshipped = [], []
+    for name, folder in config["package-dir"].items():
+        for path in [ROOT / folder, *(ROOT / folder).rglob("*")]:
+            files = [f for f in path.iterdir() if f.is_file()] if path.is_dir() and path.name != "__pycache__" else []
+            package = ".".join([name, *path.relative_to(ROOT / folder).parts])
+            if files and package not in config["packages"]:
+                undeclared.append(package)
+            globs = config["package-data"].get(package, [])
+            shipped = [f for f in files if f.suffix == ".py" or any(fnmatch.fnmatch(f.name, g) for g in globs)]
+            unshipped += sorted(str(f.relative_to(ROOT)) for f in set(files) - set(shipped))
+    assert undeclared == [] and unshipped == []

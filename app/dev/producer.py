@@ -26,6 +26,17 @@ log = logging.getLogger(__name__)
 __all__ = ["produce_events", "produce_records", "producer_config"]
 
 
+class _RetriedByLibrdkafka(logging.Filter):
+    """Drop librdkafka's warning that a just-started broker is still loading its coordinator: it retries by itself,
+    and a record it cannot deliver in the end fails the produce (``_flush`` raises), so the line only alarms."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Coordinator load in progress: retrying" not in record.getMessage()
+
+
+log.addFilter(_RetriedByLibrdkafka())  # the producers' librdkafka logger (Producer(logger=log))
+
+
 def producer_config(app: App, bootstrap_servers: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Return the librdkafka producer settings for app, partitioning like the Java client (murmur2)."""
     partitioner = "consistent_random" if app.kafka.partitioner == "consistent_random" else "murmur2_random"

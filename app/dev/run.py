@@ -38,6 +38,7 @@ from iqgraph.app.dev.example_query import (
     schema_from_introspection,
 )
 from iqgraph.app.dev.producer import produce_events, produce_records, producer_config
+from iqgraph.app.dev.readiness import NodeStart, read_readiness
 from iqgraph.app.loading import load_app
 from iqgraph.app.settings import SettingsError, load_settings
 from iqgraph.streaming.apache_kafka import KAFKA_VERSION, KafkaBroker
@@ -140,7 +141,7 @@ class DevRun:
         self._feed()
         for index in range(self.options.nodes):
             self.nodes.append(self._start_node(index))  # one by one: a Ctrl-C in between stops those started
-        self.say(f"starting {len(self.nodes)} node(s); each starts Spark, which takes a few seconds")
+        self.say(f"starting {len(self.nodes)} node(s); each starts Spark, then applies the records already in Kafka")
         self._wait_ready()
         for node in self.nodes:
             self.say(f"GraphiQL at {node.url}/graphql ({node.id})")
@@ -248,6 +249,7 @@ class DevRun:
         command = [sys.executable, "-m", "iqgraph.app.cli", "serve", "--app", self.options.app,
                    "--bootstrap-servers", bootstrap, "--max-records-per-batch", "20000", *flags]  # fmt: skip
         log = self.root / f"{node_id}.log"
+        start = NodeStart(time.monotonic())
         with log.open("wb") as out:
             # its own session: the terminal's Ctrl-C reaches only this process, which stops the nodes in order
             process = subprocess.Popen(  # noqa: S603 - our own CLI
@@ -258,21 +260,26 @@ class DevRun:
                 preexec_fn=exit_with_parent,
                 env={**os.environ, "IQGRAPH_CLUSTER_SECRET": self.cluster_secret},  # peers sign with it
             )
-        return NodeProcess(node_id, f"http://127.0.0.1:{port}", process, log)
+        return NodeProcess(node_id, f"http://127.0.0.1:{port}", process, log, start)
 
     def _wait_ready(self) -> None:
+        """Wait until every node answers /readyz with 200, telling how their restores go and how long each took."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         pending = list(self.nodes)
-        self._check_interrupted()
-        while pending:
+        while True:
             self._check_interrupted()
             for node in list(pending):
                 if node.process.poll() is not None:
                     raise DevError(f"{node.id} exited with code {node.process.returncode}:\n{node.tail()}")
-                if node.ready():
+                seen = read_readiness(node.url)
+                if line := node.start.observe(seen, time.monotonic()):
+                    self.say(f"{node.id}: {line}")
+                if seen is not None and seen.ready:
                     pending.remove(node)
-                    self.say(f"{node.id} is ready")
-            if pending and time.monotonic() > deadline:
+                    self.say(node.start.ready_line(node.id, time.monotonic(), str(node.log)))
+            if not pending:
+                return
+            if time.monotonic() > deadline:
                 raise DevError(f"not ready after {READY_TIMEOUT_S:.0f} s: {[n.id for n in pending]}; see {self.root}")
             time.sleep(0.5)
 
@@ -310,13 +317,7 @@ class NodeProcess:
     url: str
     process: subprocess.Popen[bytes]
     log: Path
-
-    def ready(self) -> bool:
-        """Return whether the node answers /readyz with 200 (every partition queryable)."""
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+    start: NodeStart
 
     def wait_or_kill(self, deadline: float) -> None:
         """Wait until the node has stopped (after SIGTERM it drains requests and closes RocksDB) or kill its group."""

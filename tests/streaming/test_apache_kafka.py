@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -264,6 +265,41 @@ def test_installed_jars_need_no_download(monkeypatch: pytest.MonkeyPatch) -> Non
 
     assert said == []
     assert sorted(path.name for path in libs.glob("*.jar")) == sorted(jar.name for jar in locked_jars())
+
+
+# mvn at the edge: copies the jars an earlier fetch checked into -DoutputDirectory, saying what it "downloaded"
+# as mvn does, one of its own plugins included
+FAKE_MVN = """#!{python}
+import shutil, sys
+from pathlib import Path
+target = Path(next(a for a in sys.argv if a.startswith("-DoutputDirectory=")).split("=", 1)[1])
+url = "https://repo.maven.apache.org/maven2/org/x/1.0"
+print(f"Downloaded from central: {{url}}/maven-dependency-plugin-3.8.jar (180 kB at 1.2 MB/s)")
+for jar in Path({libs!r}).glob("*.jar"):
+    shutil.copy(jar, target / jar.name)
+    print(f"Downloaded from central: {{url}}/{{jar.name}} ({{jar.stat().st_size / 1e3:.1f}} kB at 9.0 MB/s)")
+"""
+
+
+def test_a_fetch_names_the_large_jars_and_sums_the_small_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    libs = ensure_kafka_jars()
+    (tmp_path / "bin").mkdir()
+    mvn = tmp_path / "bin" / "mvn"
+    mvn.write_text(FAKE_MVN.format(python=sys.executable, libs=str(libs)))
+    mvn.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    said: list[str] = []
+
+    ensure_kafka_jars(progress=said.append)
+
+    large = sorted(jar.name for jar in locked_jars() if jar.size >= 1e6)
+    small = [jar for jar in locked_jars() if jar.size < 1e6]
+    assert said[0].startswith(f"Apache Kafka {KAFKA_VERSION}: {len(locked_jars())} jars, ")
+    assert sorted(line.split()[1] for line in said[1:-3]) == large
+    assert said[-3].startswith(f"  and {len(small)} smaller jars (")
+    assert said[-2] == "  and 1 jars of Maven's dependency plugin (180 kB), once per machine"
+    assert said[-1].startswith(f"Apache Kafka {KAFKA_VERSION}: {len(locked_jars())} jars fetched and checked (sha256)")
 
 
 @pytest.mark.slow  # three JVMs on two cores: ~25 s
