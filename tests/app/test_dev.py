@@ -242,7 +242,7 @@ def first_event(url: str, document: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_dev_serves_a_users_app_from_a_file_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+def test_dev_serves_a_users_app_from_a_file_stops_cleanly_on_ctrl_c_and_goes_on_when_restarted(tmp_path: Path) -> None:
     write_project(tmp_path, "bookings")
     page = add_dashboard(tmp_path)
     records = write_data(tmp_path / "data.jsonl", 300)
@@ -288,6 +288,19 @@ def test_dev_serves_a_users_app_from_a_file_and_stops_cleanly_on_ctrl_c(tmp_path
     assert closed(broker) and closed(f"127.0.0.1:{port}")
     assert (state_dir / "node-0.log").is_file() and processes_of(state_dir) == []
 
+    # restarted on its state dir, without --data: the embedded broker kept its topics and records under it
+    port = free_port()
+    again = DevProcess(tmp_path, "--port", str(port), "--state-dir", str(state_dir))
+    try:
+        again.read_until("Ctrl-C stops everything")
+        restarted = httpx.post(f"http://127.0.0.1:{port}/graphql", json={"query": query}, timeout=30).json()
+    except BaseException:
+        os.killpg(again.process.pid, signal.SIGKILL)
+        raise
+    output = again.ctrl_c()
+    assert again.process.returncode == 0 and "Traceback" not in output, output
+    assert restarted == response, "the second run serves the first run's records"
+
 
 @pytest.mark.slow
 def test_dev_without_data_prints_the_produce_line_and_ctrl_c_while_starting_stops_cleanly(tmp_path: Path) -> None:
@@ -301,9 +314,7 @@ def test_dev_without_data_prints_the_produce_line_and_ctrl_c_while_starting_stop
     except BaseException:
         os.killpg(dev.process.pid, signal.SIGKILL)
         raise
-    assert line == (
-        f"iqgraph produce --app app.main:app --bootstrap-servers {broker} --file data.jsonl"
-    )
+    assert line == (f"iqgraph produce --app app.main:app --bootstrap-servers {broker} --file data.jsonl")
     output = dev.ctrl_c()
     assert dev.process.returncode == 0, output
     assert "Traceback" not in output and "Connection refused" not in output, output
@@ -334,28 +345,6 @@ def test_dev_refuses_a_zero_rate(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_dev_restarted_on_its_state_dir_goes_on_with_the_brokers_topics_and_records(tmp_path: Path) -> None:
-    """The embedded broker keeps its data under the state dir: a second run serves the first run's records."""
-    write_project(tmp_path, "bookings")
-    records = write_data(tmp_path / "data.jsonl", 80)
-    guest = records[0]["key"]
-    query = f'{{ bookingsPerGuest {{ get(key: "{guest}") }} }}'
-    answers = []
-    for flags in (["--data", "data.jsonl"], []):
-        port = free_port()
-        dev = DevProcess(tmp_path, *flags, "--port", str(port), "--state-dir", str(tmp_path / "run"))
-        try:
-            dev.read_until("Ctrl-C stops everything")
-            response = httpx.post(f"http://127.0.0.1:{port}/graphql", json={"query": query}, timeout=30).json()
-        except BaseException:
-            os.killpg(dev.process.pid, signal.SIGKILL)
-            raise
-        output = dev.ctrl_c()
-        assert dev.process.returncode == 0 and "Traceback" not in output, output
-        answers.append(response["data"]["bookingsPerGuest"]["get"])
-    assert answers == [sum(r["key"] == guest for r in records)] * 2
-
-
 def test_create_topics_makes_inputs_and_the_dead_letter_topic_once(broker: KafkaBroker) -> None:
     from iqgraph.app.cluster.topics import create_topics
     from iqgraph.examples.shop import build_app
