@@ -76,6 +76,11 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--group-session-timeout-ms", type=int, help="kafka membership: session timeout (10000)")
     parser.add_argument(
+        "--group-protocol",
+        choices=["classic", "consumer"],
+        help="kafka membership: the group's rebalance protocol, classic (default) or consumer (KIP-848, Kafka 4.0+)",
+    )
+    parser.add_argument(
         "--rebuild-lost-partitions",
         action="store_true",
         default=None,

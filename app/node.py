@@ -305,6 +305,7 @@ class Node:
                 session_timeout_ms=settings.group_session_timeout_ms,
                 replicas=replicas,
                 global_topics=global_topics,
+                group_protocol=settings.group_protocol,
             )
         try:
             members = parse_peers(settings.peers) if settings.peers else [Member(settings.node_id, settings.url)]

@@ -72,6 +72,9 @@ class Settings:
     max_lag: int | None = None  # records a standby may be behind and still answer; None: no stale reads
     stall_timeout_s: int = 60  # not ready when records wait and no batch was applied for this long
     group_session_timeout_ms: int = 10_000  # kafka membership: Kafka refuses < 6000 by default
+    # kafka membership: "classic" (any broker) or "consumer" (KIP-848: Kafka 4.0+; its session timeout is the
+    # group's config on the broker, which refuses < 45000 by default; README "Kafka-group membership")
+    group_protocol: str = "classic"
     tracing: bool = False  # OpenTelemetry spans per GraphQL request, if opentelemetry-sdk is installed
     create_topics: bool = False  # create missing input topics at start (production topics are provisioned)
     # a partition whose unapplied records Kafka deleted (retention) is DATA_LOST (queries get the code); with this,
@@ -121,6 +124,11 @@ class Settings:
             )
         if self.membership not in ("static", "kafka"):
             raise SettingsError(f"membership must be 'static' or 'kafka', not {self.membership!r} (--membership)")
+        if self.group_protocol not in ("classic", "consumer"):
+            raise SettingsError(
+                f"group_protocol must be 'classic' or 'consumer' (KIP-848), not {self.group_protocol!r} "
+                f"(--group-protocol / {ENV_PREFIX}GROUP_PROTOCOL)"
+            )
         if self.standbys < 0 or (self.max_lag is not None and self.max_lag < 0):
             raise SettingsError("standbys and max_lag must not be negative (--standbys, --max-lag)")
         if self.default_page_size > self.max_page_size:

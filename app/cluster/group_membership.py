@@ -14,6 +14,9 @@ warms up as a standby. A partition whose claimant's record expired goes at once 
 it. The record and the rules are in ``app.cluster.group_assignment``. A node re-publishes as soon as one of its
 copies turns caught up (or stops being so), not only on the heartbeat.
 
+The group's rebalance protocol is classic (the default) or KIP-848's consumer protocol (``group_protocol``):
+``app.cluster.group_protocol`` has the settings each needs and why claims order the same way under both.
+
 Static membership (``group.instance.id``) is not used: a restarted node is a new member, and its old one's
 partitions move at once to a live copy (the warm-up rules above), not after the session timeout.
 """
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -39,6 +41,15 @@ from iqgraph.app.cluster.group_assignment import (
     build_map,
     is_caught_up,
 )
+from iqgraph.app.cluster.group_protocol import (
+    CONSUMER,
+    GROUP_PROTOCOLS,
+    GroupConfigError,
+    configure_group,
+    group_consumer_config,
+    group_generation,
+    is_incremental,
+)
 from iqgraph.app.cluster.membership import ClusterMap, with_global_topics
 from iqgraph.app.cluster.replicas import ReplicaState
 
@@ -54,7 +65,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_CGMD_MAGIC = b"CGMDv2:"  # librdkafka's serialized group metadata: magic, then the generation as a native int32
 _POLL_S = 0.05
 _REPORT_S = 0.25  # how often the hosted copies are looked at: one turning caught up is published at once
 _Config = dict[str, str | int | float | bool]
@@ -98,12 +108,15 @@ class GroupMembership:
         replicas: Replicas | None = None,
         acceptable_recovery_lag: int = ACCEPTABLE_RECOVERY_LAG,
         global_topics: Mapping[str, int] | None = None,
+        group_protocol: str = "classic",
     ) -> None:
         """Configure the member; nothing connects before start().
 
         Args:
             kafka_config: librdkafka settings for every client (security, timeouts); the group's own win over it.
-            assignment_strategy: "range" (default) gives partition p of every input topic to the same node.
+            session_timeout_ms: under the consumer protocol, set as the group's config on the broker at start().
+            assignment_strategy: "range" (default) gives partition p of every input topic to the same node (under
+                the consumer protocol it names the broker's assignor: "range" or "uniform").
             liveness_s: a member whose record is older (by its publisher's clock) leaves the map.
             replicas: the state and lag of every partition this node hosts, published with each record (called
                 from the membership thread; may return nothing before the pipelines exist). Without it the node
@@ -111,15 +124,19 @@ class GroupMembership:
             acceptable_recovery_lag: a copy at most this many records behind (and RUNNING) is caught up.
             global_topics: topics every node consumes whole (global tables): not in the group's subscription,
                 served by this node in its map (membership.with_global_topics).
+            group_protocol: "classic" (default) or "consumer" (KIP-848; app.cluster.group_protocol).
         """
         if not topics or standbys < 0 or liveness_s <= heartbeat_s or acceptable_recovery_lag < 0:
             raise ValueError("need a topic, standbys >= 0, liveness_s > heartbeat_s and acceptable_recovery_lag >= 0")
+        if group_protocol not in GROUP_PROTOCOLS:
+            raise ValueError(f"group_protocol must be one of {GROUP_PROTOCOLS}, not {group_protocol!r}")
         self.node_id, self.url, self.app_name = node_id, url.rstrip("/"), app_name
         self.topics = dict(topics)
         self.global_topics = dict(global_topics or {})
         self.metadata_topic = metadata_topic_for(app_name)
         self._common: _Config = {**(kafka_config or {}), "bootstrap.servers": bootstrap_servers}
         self._standbys, self._session_ms, self._strategy = standbys, session_timeout_ms, assignment_strategy
+        self._protocol, self._incremental = group_protocol, is_incremental(group_protocol, assignment_strategy)
         self._heartbeat_s, self._liveness_s, self._start_timeout_s = heartbeat_s, liveness_s, start_timeout_s
         self._replicas, self._recovery_lag = replicas, acceptable_recovery_lag
         self._hosted: dict[TopicPartitionKey, ReplicaState] = {}
@@ -144,7 +161,13 @@ class GroupMembership:
 
     def start(self) -> None:
         """Join the group; block until this node's first assignment is published and read back into the map."""
-        self._check_topics(AdminClient(self._common, logger=log))
+        admin = AdminClient(self._common, logger=log)
+        self._check_topics(admin)
+        try:
+            if self._protocol == CONSUMER:  # its session timeout is the group's config, on the broker
+                configure_group(admin, self.app_name, self._session_ms)
+        except GroupConfigError as exc:
+            raise GroupMembershipError(str(exc)) from exc
         self._open_clients()
         self._threads = [
             threading.Thread(target=self._run, name=f"membership-{self.node_id}", daemon=True),
@@ -241,24 +264,25 @@ class GroupMembership:
             **self._common,
             "group.id": self.app_name,
             "client.id": f"{self.app_name}-{self.node_id}",
-            "partition.assignment.strategy": self._strategy,
-            "session.timeout.ms": self._session_ms,
-            "heartbeat.interval.ms": max(self._session_ms // 5, 100),  # must stay well below the session timeout
+            **group_consumer_config(self._protocol, self._strategy, self._session_ms),
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "latest",
         }
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Take the assignment paused, then publish this node's active partitions at the group's generation."""
-        if "cooperative" in self._strategy:
+        """Take the assignment paused, then publish this node's active partitions at the group's generation.
+
+        Under the consumer protocol (as with a cooperative assignor) partitions come and go incrementally.
+        """
+        if self._incremental:
             consumer.incremental_assign(partitions)  # on_assign gets only the added partitions
             self._active |= {(tp.topic, tp.partition) for tp in partitions}
         else:
             consumer.assign(partitions)
             self._active = {(tp.topic, tp.partition) for tp in partitions}
         consumer.pause(partitions)
-        generation = _group_generation(consumer)
+        generation = group_generation(consumer)
         if generation is None:  # not librdkafka's format: count locally (then only time orders nodes' claims)
             generation = self._published.generation + 1 if self._published else 0
         self._publish(self._record(generation))
@@ -395,11 +419,3 @@ class GroupMembership:
                     callback(new)
                 except Exception:  # a subscriber's bug must not silence the others or stop the notifier
                     log.exception("membership subscriber %r failed", callback)
-
-
-def _group_generation(consumer: Consumer) -> int | None:
-    """Return the group generation of consumer's current assignment, read from its serialized group metadata."""
-    blob = consumer.consumer_group_metadata()
-    if isinstance(blob, bytes) and blob.startswith(_CGMD_MAGIC) and len(blob) >= len(_CGMD_MAGIC) + 4:
-        return int(struct.unpack_from("=i", blob, len(_CGMD_MAGIC))[0])
-    return None

@@ -1,6 +1,6 @@
-"""Kafka consumer-group membership with real nodes: a second node joins, partitions move and restore,
-and every key answers with the same values on both nodes; a member killed and restarted under load
-loses no answer (warm-up replicas)."""
+"""Kafka consumer-group membership with real nodes: under KIP-848's consumer protocol a second node joins,
+partitions move and restore, every key answers with the same values on both nodes, and after a kill -9 on the
+survivor; under the classic protocol a member killed and restarted under load loses no answer (warm-up replicas)."""
 
 from __future__ import annotations
 
@@ -44,9 +44,10 @@ def _active(node: NodeProcess) -> dict[str, list[int]]:
     return {n["id"]: sorted(p["partition"] for p in n["partitions"] if p["role"] == "active") for n in found}
 
 
-def test_a_second_node_takes_partitions_which_restore_and_answer_the_same(
+def test_a_second_node_takes_partitions_which_restore_and_answer_the_same_and_a_killed_one_hands_them_back(
     broker: KafkaBroker, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
+    """Under the consumer protocol (--group-protocol consumer); the classic protocol is the next test's."""
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)
     assert app.generator is not None
@@ -55,14 +56,15 @@ def test_a_second_node_takes_partitions_which_restore_and_answer_the_same(
     counts = expected(app, events).kv["order_count"]
     keys = sorted(counts)
     write_app_module(tmp_path, "groupapp", topic, PARTITIONS, broker.bootstrap_servers)
-    first = _start(tmp_path, "node-a")
+    consumer = ["--group-protocol", "consumer"]
+    first = _start(tmp_path, "node-a", consumer)
     second: NodeProcess | None = None
     try:
         wait_ready([first])
         assert _active(first) == {"node-a": list(range(PARTITIONS))}
         assert first.post(GET_MANY, {"k": keys})["data"]["orderCount"]["getMany"] == [counts[k] for k in keys]
 
-        second = _start(tmp_path, "node-b")
+        second = _start(tmp_path, "node-b", consumer)
         wait_ready([second])
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -81,10 +83,26 @@ def test_a_second_node_takes_partitions_which_restore_and_answer_the_same(
         for node in (first, second):
             answer: dict[str, Any] = node.post(GET_MANY, {"k": keys})
             assert answer["data"]["orderCount"]["getMany"] == [counts[k] for k in keys], (node.id, answer.get("errors"))
+
+        second.kill()
+        killed = time.monotonic()
+        _wait_answering(first, keys, [counts[k] for k in keys], 60)
+        print(f"consumer protocol: node-a answers every key {time.monotonic() - killed:.1f} s after node-b's kill -9")
     finally:
         for node in (first, second):
             if node is not None:
                 node.kill()
+
+
+def _wait_answering(node: NodeProcess, keys: list[str], want: list[int], timeout: float) -> None:
+    """Wait until node answers getMany of keys with the counts wanted, without errors."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = node.post(GET_MANY, {"k": keys})
+        if not answer.get("errors") and answer["data"]["orderCount"]["getMany"] == want:
+            return
+        assert time.monotonic() < deadline, f"not answering within {timeout} s: {answer.get('errors')}"
+        time.sleep(0.5)
 
 
 KILLED, OUTAGE_S, AFTER_S = "node-c", 15.0, 3.0

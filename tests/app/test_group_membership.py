@@ -1,5 +1,6 @@
-"""GroupMembership on the embedded Apache Kafka broker: join, rebalance on join and leave, standbys, crash expiry,
-warm-up replicas; and build_map's rules (pure)."""
+"""GroupMembership on the embedded Apache Kafka broker: join, rebalance on join and leave, crash expiry and rejoin
+(under the classic and the KIP-848 consumer protocol), co-partitioning, standbys, warm-up replicas; and build_map's
+rules (pure)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, ConsumerGroupType, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from iqgraph.app.cluster.group_membership import (
@@ -31,8 +32,10 @@ from iqgraph.streaming.apache_kafka import KafkaBroker
 from tests.conftest import MakeTopic
 
 PARTITIONS = 6
-#: The embedded broker accepts session timeouts from 1 s (group.min.session.timeout.ms; Kafka's default floor: 6 s).
+#: The embedded broker accepts session timeouts from 1 s (group.min.session.timeout.ms, Kafka's default floor: 6 s;
+#: group.consumer.min.session.timeout.ms for the consumer protocol, default floor 45 s).
 SESSION_MS = 2000
+PROTOCOLS = pytest.mark.parametrize("protocol", ["classic", "consumer"])
 DEADLINE_S = 20.0
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,15 +48,23 @@ def topic(make_topic: MakeTopic) -> str:
 
 
 @pytest.fixture
-def join(broker: KafkaBroker, topic: str) -> Iterator[Join]:
+def protocol() -> str:
+    """The group protocol of the members join() starts; PROTOCOLS runs a test under both."""
+    return "classic"
+
+
+@pytest.fixture
+def join(broker: KafkaBroker, topic: str, protocol: str) -> Iterator[Join]:
     """Return join(node_id, standbys=0): a started member of a fresh group over topic; all stop at teardown."""
     app, started = f"app-{uuid.uuid4().hex[:8]}", []
 
-    def make(node_id: str, standbys: int = 0, replicas: Replicas | None = None) -> GroupMembership:
+    def make(
+        node_id: str, standbys: int = 0, replicas: Replicas | None = None, topics: Mapping[str, int] | None = None
+    ) -> GroupMembership:
         member = GroupMembership(
-            node_id, url_of(node_id), app, {topic: PARTITIONS}, broker.bootstrap_servers, standbys=standbys,
-            session_timeout_ms=SESSION_MS, heartbeat_s=0.5, liveness_s=3.0, start_timeout_s=DEADLINE_S,
-            replicas=replicas,
+            node_id, url_of(node_id), app, topics or {topic: PARTITIONS}, broker.bootstrap_servers,
+            standbys=standbys, session_timeout_ms=SESSION_MS, heartbeat_s=0.5, liveness_s=3.0,
+            start_timeout_s=DEADLINE_S, replicas=replicas, group_protocol=protocol,
         )  # fmt: skip
         member.start()
         started.append(member)
@@ -101,7 +112,16 @@ def read_metadata(bootstrap: str, app: str) -> dict[str, bytes | None]:
     return latest
 
 
-def test_one_member_gets_every_partition_and_publishes_it(join: Join, topic: str, broker: KafkaBroker) -> None:
+def group_type(bootstrap: str, group: str) -> ConsumerGroupType:
+    """Return the protocol the broker's group coordinator runs group under."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return admin.describe_consumer_groups([group])[group].result(timeout=10).type
+
+
+@PROTOCOLS
+def test_one_member_gets_every_partition_and_publishes_it(
+    join: Join, topic: str, broker: KafkaBroker, protocol: str
+) -> None:
     started = time.monotonic()
     node = join("a")
     joined_s = time.monotonic() - started
@@ -115,10 +135,12 @@ def test_one_member_gets_every_partition_and_publishes_it(join: Join, topic: str
     record = MemberRecord.decode(published)
     assert (record.url, dict(record.active)) == (url_of("a"), {topic: tuple(range(PARTITIONS))})
     assert record.generation == cmap.generation and abs(record.time - time.time()) < 5
-    print(f"join of a first member: {joined_s:.2f} s")
+    assert group_type(broker.bootstrap_servers, node.app_name) == ConsumerGroupType[protocol.upper()]
+    print(f"{protocol}: join of a first member: {joined_s:.2f} s")
 
 
-def test_second_member_takes_a_share_and_both_maps_converge(join: Join, topic: str) -> None:
+@PROTOCOLS
+def test_second_member_takes_a_share_and_both_maps_converge(join: Join, topic: str, protocol: str) -> None:
     first = join("a")
     heard: list[ClusterMap] = []
     first.subscribe(heard.append)
@@ -134,7 +156,7 @@ def test_second_member_takes_a_share_and_both_maps_converge(join: Join, topic: s
 
     assert second.refresh() == first.refresh()
     wait_for(lambda: bool(heard) and heard[-1] == first.current(), "a's subscriber heard the converged map")
-    print(f"second member: start() {joined_s:.2f} s, both maps converged {converged_s:.2f} s after starting b")
+    print(f"{protocol}: second member: start() {joined_s:.2f} s, maps converged {converged_s:.2f} s after starting b")
 
 
 def test_each_partition_has_the_other_node_as_standby(join: Join, topic: str) -> None:
@@ -149,7 +171,8 @@ def test_each_partition_has_the_other_node_as_standby(join: Join, topic: str) ->
     assert cmap.standby_partitions("a") == cmap.active_partitions("b")
 
 
-def test_a_stopping_member_hands_its_partitions_back(join: Join, topic: str) -> None:
+@PROTOCOLS
+def test_a_stopping_member_hands_its_partitions_back(join: Join, topic: str, protocol: str) -> None:
     first, second = join("a"), join("b")
     wait_for(lambda: split_between(first.current(), topic, ["a", "b"]), "a and b share the partitions")
 
@@ -158,14 +181,19 @@ def test_a_stopping_member_hands_its_partitions_back(join: Join, topic: str) -> 
     left_s = wait_for(lambda: "b" not in first.current().members, "a's map drops b")
     back_s = wait_for(lambda: active(first.current(), "a", topic) == set(range(PARTITIONS)), "a owns every partition")
     assert set(first.current().members) == {"a"}
-    print(f"clean leave: b dropped after {left_s:.2f} s, a owns all after {time.monotonic() - started:.2f} s")
+    print(
+        f"{protocol}: clean leave: b dropped after {left_s:.2f} s, a owns all after {time.monotonic() - started:.2f} s"
+    )
     assert back_s < DEADLINE_S
 
 
-def test_a_crashed_member_expires_from_the_map(join: Join, topic: str, broker: KafkaBroker) -> None:
+@PROTOCOLS
+def test_a_crashed_member_expires_from_the_map_and_a_new_one_takes_a_share(
+    join: Join, topic: str, broker: KafkaBroker, protocol: str
+) -> None:
     first = join("a")
     child = subprocess.Popen(  # noqa: S603 - our own interpreter running our own module
-        [sys.executable, "-c", CRASHING_MEMBER, broker.bootstrap_servers, first.app_name, topic],
+        [sys.executable, "-c", CRASHING_MEMBER, broker.bootstrap_servers, first.app_name, topic, protocol],
         cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -177,7 +205,30 @@ def test_a_crashed_member_expires_from_the_map(join: Join, topic: str, broker: K
         child.wait()
     gone_s = wait_for(lambda: set(first.current().members) == {"a"}, "a's map drops z")
     back_s = wait_for(lambda: active(first.current(), "a", topic) == set(range(PARTITIONS)), "a owns every partition")
-    print(f"crash: z dropped after {gone_s:.2f} s, a owns all after {time.monotonic() - started:.2f} s ({back_s=:.2f})")
+    crashed_s = time.monotonic() - started
+    join("b")  # the crashed node back, as a new member
+    rejoined_s = wait_for(lambda: split_between(first.current(), topic, ["a", "b"]), "a and b share the partitions")
+    print(
+        f"{protocol}: crash: z dropped after {gone_s:.2f} s, a owns all after {crashed_s:.2f} s ({back_s=:.2f}); "
+        f"a new member shares {rejoined_s:.2f} s after its start() returned"
+    )
+
+
+@PROTOCOLS
+def test_range_gives_partition_p_of_every_input_topic_to_the_same_member(
+    join: Join, topic: str, make_topic: MakeTopic, protocol: str
+) -> None:
+    other = make_topic(partitions=PARTITIONS, prefix="customers")
+    topics = {topic: PARTITIONS, other: PARTITIONS}
+    first, _, _ = (join(node, topics=topics) for node in "abc")
+
+    def co_partitioned() -> bool:
+        cmap = first.current()
+        return split_between(cmap, topic, ["a", "b", "c"]) and all(
+            active(cmap, node, topic) == active(cmap, node, other) for node in "abc"
+        )
+
+    wait_for(co_partitioned, "a, b and c hold the same partitions of both topics")
 
 
 def test_the_metadata_topic_is_compacted_for_real_and_a_member_joining_after_reads_the_same_map(
@@ -201,7 +252,7 @@ def test_the_metadata_topic_is_compacted_for_real_and_a_member_joining_after_rea
 
         def compacted() -> bool:  # the cleaner removed older heartbeats: fewer records than offsets
             low, high = consumer.get_watermark_offsets(TopicPartition(metadata, 0), 10, cached=False)
-            return sum(1 for _ in _offsets(broker.bootstrap_servers, metadata)) < high - low
+            return sum(1 for _ in _offsets(broker.bootstrap_servers, metadata, high)) < high - low
 
         wait_for(compacted, "the log cleaner compacts the metadata topic", deadline_s=40.0)
     finally:
@@ -214,12 +265,16 @@ def test_the_metadata_topic_is_compacted_for_real_and_a_member_joining_after_rea
     }
 
 
-def _offsets(bootstrap: str, topic: str) -> Iterator[int]:
-    """Yield the offset of every record of partition 0 of topic, read from the beginning."""
+def _offsets(bootstrap: str, topic: str, end: int) -> Iterator[int]:
+    """Yield the offset of every record of partition 0 of topic below end, read from the beginning.
+
+    Stopping at end, not at the partition's end: the members' heartbeats keep appending, and a reader that
+    keeps up with them may see no end of partition for long (it counted them all and the check failed).
+    """
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "enable.partition.eof": True})
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     try:
-        while (message := consumer.poll(5.0)) is not None and message.error() is None:
+        while (message := consumer.poll(5.0)) is not None and message.error() is None and message.offset() < end:
             yield message.offset()
     finally:
         consumer.close()
@@ -228,9 +283,9 @@ def _offsets(bootstrap: str, topic: str) -> Iterator[int]:
 CRASHING_MEMBER = """
 import sys, time
 from iqgraph.app.cluster.group_membership import GroupMembership
-bootstrap, app, topic = sys.argv[1:4]
+bootstrap, app, topic, protocol = sys.argv[1:5]
 GroupMembership("z", "http://z.test:8000", app, {topic: 6}, bootstrap, session_timeout_ms=2000,
-                heartbeat_s=0.5, liveness_s=3.0).start()
+                heartbeat_s=0.5, liveness_s=3.0, group_protocol=protocol).start()
 print("ready", flush=True)
 time.sleep(600)
 """
@@ -249,6 +304,17 @@ def test_start_gives_up_at_its_deadline_with_a_clear_error(broker: KafkaBroker, 
     )  # fmt: skip
     with pytest.raises(GroupMembershipError, match="got no assignment from consumer group 'app-impatient'"):
         member.start()  # the coordinator needs more than 0.2 s to answer the first join
+
+
+def test_the_consumer_protocol_names_the_brokers_bounds_when_it_refuses_the_session_timeout(
+    broker: KafkaBroker, topic: str
+) -> None:
+    member = GroupMembership(
+        "a", url_of("a"), "app-hasty", {topic: PARTITIONS}, broker.bootstrap_servers, session_timeout_ms=500,
+        group_protocol="consumer",
+    )  # fmt: skip
+    with pytest.raises(GroupMembershipError, match=r"refuses consumer group 'app-hasty' a session timeout of 500 ms"):
+        member.start()  # the embedded broker's group.consumer.min.session.timeout.ms is 1000
 
 
 def test_build_map_prefers_the_highest_generation_and_drops_silent_members() -> None:

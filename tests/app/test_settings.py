@@ -57,3 +57,13 @@ def test_security_settings_say_what_to_fix_and_describe_themselves() -> None:
             load_settings(flags, env={})
     secret = "x" * 16
     assert load_settings({"membership": "kafka"}, env={"IQGRAPH_CLUSTER_SECRET": secret}).cluster_secret == secret
+
+
+def test_the_group_protocol_comes_from_flag_or_environment_and_names_its_choices() -> None:
+    assert load_settings({}, env={}).group_protocol == "classic"
+    assert load_settings({}, env={"IQGRAPH_GROUP_PROTOCOL": "consumer"}).group_protocol == "consumer"
+    assert load_settings({"group_protocol": "classic"}, env={"IQGRAPH_GROUP_PROTOCOL": "consumer"}).group_protocol == (
+        "classic"
+    )
+    with pytest.raises(SettingsError, match="'classic' or 'consumer' .*IQGRAPH_GROUP_PROTOCOL"):
+        load_settings({}, env={"IQGRAPH_GROUP_PROTOCOL": "eager"})
