@@ -2,7 +2,8 @@
 
 One run, all on this machine:
 
-1. produce ``--events`` generated shop orders into a 6-partition topic of an embedded Tansu broker;
+1. produce ``--events`` generated shop orders, batched, into a 6-partition topic of an embedded Apache Kafka
+   broker (``streaming.apache_kafka.KafkaBroker``);
 2. start 3 nodes of one static cluster (``iqgraph serve`` subprocesses, ``local[1]`` Spark each, as the
    cluster tests do; node i is active for the partitions p with p % 3 == i) and wait until node-0 answers
    every customer's order count as the events give;

@@ -3,8 +3,9 @@
 One run, all on this machine, on the customers example (``iqgraph.examples.customers``):
 
 1. produce the example's generated events (every customer's profile, then ``--events`` more: orders with profile
-   updates, deletions and re-creations) into two 6-partition topics of an embedded Tansu broker, one record per
-   request; compute what every store must hold from the same events (the ground truth);
+   updates, deletions and re-creations), batched, into two 6-partition topics of an embedded Apache Kafka broker
+   (``streaming.apache_kafka.KafkaBroker``); compute what every store must hold from the same events (the
+   ground truth);
 2. two setups, one after the other (2 cores: never both at once), each ``iqgraph serve`` subprocesses with
    ``local[1]`` Spark and 768 MB of driver memory as the cluster tests have them:
    (a) ONE node serving every partition; (b) a static cluster of 3 nodes (node i active for the partitions

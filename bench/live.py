@@ -3,14 +3,15 @@ notification with 1,000 subscribers, and its memory per subscription.
 
 One run, all on this machine:
 
-1. produce ``--events`` generated shop orders into a 6-partition topic of an embedded Tansu broker; start one
-   node (a cluster of one, ``local[1]`` Spark, as bench/cluster.py and the cluster tests start theirs) and wait
-   until it answers the orders' counts;
+1. produce ``--events`` generated shop orders, batched, into a 6-partition topic of an embedded Apache Kafka
+   broker (``streaming.apache_kafka.KafkaBroker``); start one node (a cluster of one, ``local[1]`` Spark, as
+   bench/cluster.py and the cluster tests start theirs) and wait until it answers the orders' counts;
 2. latency, push beside poll, for the same records: one graphql-transport-ws client (``websockets``) follows
    ``orderCountWatch`` of ``--latency-keys`` new customers while a poller POSTs ``getMany`` of the same keys
    every ``--poll-ms``; ``--samples`` orders of those keys are produced one at a time, ``--gap-ms`` apart, by one
-   long-lived producer (one record per request, acks=all). Per order, from just before it is produced: until a
-   notification carries the key's new count (push), until a poll's answer does (poll);
+   long-lived producer (the usual batching and acks=all; each order flushed before the gap, so that its clock
+   starts when it is sent). Per order, from just before it is produced: until a notification carries the key's
+   new count (push), until a poll's answer does (poll);
 3. the same orders' ingest alone: ``--fanout`` orders to keys nobody watches, the node's CPU time (user +
    system of its Python process) from just before producing until it answers their counts;
 4. memory: the node process's RSS before and after opening ``--subscribers`` subscriptions over

@@ -2,7 +2,8 @@
 
 One run, all on this machine:
 
-1. produce ``--events`` generated shop orders into a 6-partition topic of an embedded Tansu broker;
+1. produce ``--events`` generated shop orders, batched, into a 6-partition topic of an embedded Apache Kafka
+   broker (``streaming.apache_kafka.KafkaBroker``);
 2. start one node (``iqgraph serve`` in a subprocess, raw endpoint on: ``GET /raw/{store}/{key}`` does the
    same RocksDB lookup through the node's LocalPartitions; GraphQL reaches the same LocalPartitions
    through the cluster layer, which on one node routes every key locally, so its cost counts against
@@ -82,7 +83,7 @@ def orders(events: int) -> list[tuple[Any, Any]]:
 
 
 def produce_orders(bootstrap: str, topic: str, events: list[tuple[Any, Any]]) -> float:
-    """Produce events one record per request (Tansu needs it); return the seconds it took."""
+    """Produce events (batched); return the seconds it took."""
     started = time.perf_counter()
     produce(bootstrap, topic, ((str(k).encode(), orjson.dumps(v), None) for k, v in events))
     return time.perf_counter() - started

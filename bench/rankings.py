@@ -13,12 +13,12 @@ One run, all on this machine, on the music example (``iqgraph.examples.music``):
    ``StoreSink.apply``, per record. Reported: the median µs per record of each, and ranked / plain (the ratio
    of the medians, and the median of the per-round ratios). ``--profile N`` then profiles N more batches of
    the ranked sink (cProfile) and prints where the time goes;
-2. the queries: produce the example's catalogue and ``--plays`` plays into two 6-partition topics of an
-   embedded Tansu broker; two setups, one after the other (2 cores: never both at once), of ``iqgraph serve``
-   subprocesses with ``local[1]`` Spark and 768 MB of driver memory as the cluster tests have them: (a) ONE
-   node; (b) a static cluster of 3 nodes (node i active for the partitions p with p % 3 == i; the catalogue, a
-   global table, on every node). Each time wait until node-0's top 5 of every genre and over all equal a sort
-   of the ground truth, then time ``--samples`` sequential requests of
+2. the queries: produce the example's catalogue and ``--plays`` plays, batched, into two 6-partition topics of
+   an embedded Apache Kafka broker (``streaming.apache_kafka.KafkaBroker``); two setups, one after the other
+   (2 cores: never both at once), of ``iqgraph serve`` subprocesses with ``local[1]`` Spark and 768 MB of driver
+   memory as the cluster tests have them: (a) ONE node; (b) a static cluster of 3 nodes (node i active for the
+   partitions p with p % 3 == i; the catalogue, a global table, on every node). Each time wait until node-0's
+   top 5 of every genre and over all equal a sort of the ground truth, then time ``--samples`` sequential requests of
    ``topSongs { top(group: $g, first: 5) { member value rank } }`` to node-0 after ``--warmups``, the genre
    rotating, every answer checked; p50, p90, p99 and the node CPU per query;
 3. a summary, and as the last line one JSON object with every figure.
