@@ -75,7 +75,8 @@ def main() -> int:
     commit = subprocess.run(  # noqa: S603
         ["git", "-C", str(clone), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True  # noqa: S607
     ).stdout.strip()
-    env = {k: v for k, v in os.environ.items() if k not in ("IQGRAPH_KAFKA_HOME", "IQGRAPH_SPARK_KAFKA_HOME")}
+    unset = ("IQGRAPH_KAFKA_HOME", "IQGRAPH_SPARK_KAFKA_HOME", "MAKELEVEL", "MAKEFLAGS", "MFLAGS")  # as a user's
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env |= {
         "PIP_CACHE_DIR": str(caches["pip-cache"]),
         "XDG_CACHE_HOME": str(caches["xdg-cache"]),
