@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck bench-stores bench-ingest check-java check-chromium install clean
 
-# pip runs through tools/pip_install.py: a line per download of 1 MB or more (the rest summed), its progress, the
+# pip runs through app/dev/pip_install.py: a line per download of 1 MB or more (the rest summed), its progress, the
 # time it took, and pip's warnings and errors as they are; not pip's page of "Collecting" lines.
-PIP_INSTALL := $(BIN)/python tools/pip_install.py
+PIP_INSTALL := $(BIN)/python app/dev/pip_install.py
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

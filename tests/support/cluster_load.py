@@ -23,7 +23,7 @@ GET_ONE = "query($k: String!) { orderCount { get(key: $k) count } }"
 
 
 class Ingest:
-    """Produce shop orders one record per request; remember the order in which each key was produced."""
+    """Produce shop orders, batched; remember the order in which each key was produced."""
 
     def __init__(self, bootstrap: str, topic: str, events: Iterator[Event], rate: float = 150) -> None:
         self.rate = rate  # events per second while started

@@ -1,4 +1,4 @@
-"""tools/pip_install.py around a real pip, downloading from a package index on loopback."""
+"""app/dev/pip_install.py around a real pip, downloading from a package index on loopback."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "pip_install.py"
+SCRIPT = ROOT / "app" / "dev" / "pip_install.py"
 
 
 def write_wheel(directory: Path, project: str, payload: int) -> None:

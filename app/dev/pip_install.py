@@ -1,6 +1,6 @@
 """Run ``pip install`` showing its downloads and how long it took, instead of pip's page of "Collecting" lines.
 
-The Makefile installs through it (``.venv/bin/python tools/pip_install.py -e '.[test]'``); a first install reads:
+The Makefile installs through it (``.venv/bin/python app/dev/pip_install.py -e '.[test]'``); a first install reads:
 
     pip: downloading pyspark-4.2.0.tar.gz (450.1 MB)
     pip:   212.4 of 450.1 MB                (on a terminal one line updated in place; in a log one per 10 s)
