@@ -243,14 +243,13 @@ def _timed_schema(app: str, java_home: Path) -> tuple[float, str, str, int]:
     return time.monotonic() - start, result.stdout, result.stderr, result.returncode
 
 
-def test_iqgraph_schema_starts_no_jvm_and_answers_within_3_s(tmp_path: Path) -> None:
-    # the fastest of three runs: a JVM alone takes longer, whereas the machine's other load only adds noise
-    runs = [_timed_schema("iqgraph.examples.shop:app", tmp_path) for _ in range(3)]
-    for _, stdout, stderr, code in runs:
-        assert code == 0, stderr
-        assert stdout == sdl(shop.app, static_value_types(shop.app))  # Spark's SDL: see the comparison above
-        assert "iqgraph schema:" not in stderr
-    assert min(wall for wall, *_ in runs) < 3.0, [wall for wall, *_ in runs]
+def test_iqgraph_schema_starts_no_jvm(tmp_path: Path) -> None:
+    # how long it takes is bench/startup.py's (docs/benchmarks.md, "Start-up"): tests check behaviour
+    wall, stdout, stderr, code = _timed_schema("iqgraph.examples.shop:app", tmp_path)
+    assert code == 0, stderr
+    assert stdout == sdl(shop.app, static_value_types(shop.app))  # Spark's SDL: see the comparison above
+    assert "iqgraph schema:" not in stderr
+    print(f"iqgraph schema without a JVM: {wall:.2f} s")
     # where Java cannot start, a command that does need Spark fails: the check above would catch a JVM
     (tmp_path / "with_transform.py").write_text(_APP_WITH_TRANSFORM)
     _, _, stderr, code = _timed_schema("with_transform:app", tmp_path)
