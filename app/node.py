@@ -145,9 +145,10 @@ class Node:
             self._runner_settings()  # a Kafka setting Spark's connector cannot take fails before anything starts
         except (StoreError, ValueError) as exc:
             raise NodeStartError(str(exc)) from None
+        self._check(state_dir, progress)  # what fails in one line fails before the JVM starts (and says so)
         progress(f"starting Spark ({self.settings.spark_master}) while joining; this takes a few seconds")
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-start") as pool:
-            spark = pool.submit(self._timed, "spark", self._spark)  # the JVM starts while Kafka is checked
+            spark = pool.submit(self._timed, "spark", self._spark)  # the JVM starts while the node joins
             try:
                 assignment = self._join(state_dir, progress)
             except BaseException:
@@ -164,12 +165,20 @@ class Node:
         if self.assignment is None:
             self._on_new_map(self.membership.current())  # a map that changed while the node started
 
-    def _join(self, state_dir: StateDirectory, progress: Progress) -> Mapping[str, Iterable[int]]:
-        """Check Kafka, join the cluster and return the partitions this node hosts (their stores unlocked)."""
+    def _check(self, state_dir: StateDirectory, progress: Progress) -> None:
+        """Check Kafka and the topics (creating them if asked), and that no other process holds this state dir."""
         if self.settings.create_topics:
             self._create_topics(progress)
         progress(f"checking Kafka at {self.bootstrap_servers}")
         self.check_topics()
+        try:
+            for topic, partition in state_dir.partitions_on_disk():
+                state_dir.check_unlocked(topic, partition)
+        except StoreError as exc:
+            raise NodeStartError(str(exc)) from None
+
+    def _join(self, state_dir: StateDirectory, progress: Progress) -> Mapping[str, Iterable[int]]:
+        """Join the cluster and return the partitions this node hosts (their stores unlocked)."""
         self.membership = self._membership()
         progress(f"joining the cluster ({self.settings.membership} membership)")
         try:
