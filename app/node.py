@@ -202,10 +202,14 @@ class Node:
         assert self.spark is not None  # noqa: S101 - started with the join
         progress(f"Spark ready in {self.timings['spark']:.1f} s; starting the streaming queries")
         started = time.monotonic()
+        from iqgraph.streaming.static_types import NeedsSparkError, static_value_types
         from iqgraph.streaming.value_types import value_types
 
-        self.types = value_types(self.app, self.spark)
         try:
+            try:  # from the declared schemas, as `iqgraph schema` does (equal to Spark's: test_schema_without_spark)
+                self.types = static_value_types(self.app)
+            except NeedsSparkError:  # a transform only Spark's analysis can type
+                self.types = value_types(self.app, self.spark)
             self.runner = StreamRunner(
                 self.app,
                 self.spark,
