@@ -11,7 +11,7 @@ producers mixing partitioners: ``app.query.merging``), then finalized. Per store
 
 Positions: a change's ``position`` is where a resume picks up in its partition once the subscriber has it
 (``Subscription.positions`` for a pushed change). The changes of one partition's snapshot all carry the
-position the subscriber had before it but the last, which carries the snapshot's: a subscriber that stops
+position the subscriber was last told (its last pushed change's) but the last, which carries the snapshot's: a subscriber that stops
 halfway through a snapshot reads the partition again when it resumes.
 """
 
@@ -59,8 +59,8 @@ class WatchedKeys:
         """Return what the snapshots newer than the subscriber's view hold, partition by partition.
 
         A key (window) held by several partitions is sent once, with the last newer partition that holds it,
-        merged over every partition's snapshot. before: the subscriber's positions before the snapshots were
-        read (a partition without one: 0).
+        merged over every partition's snapshot. before: the positions the subscriber was last told (a
+        partition without one: 0).
         """
         newer = sorted(p for p, s in snapshots.items() if s.newer)
         sender: dict[tuple[Key, int | None], int] = {}

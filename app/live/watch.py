@@ -376,7 +376,10 @@ class _Watch:
         self.routed = routed
         self.watched = WatchedKeys(definition, routed, window_from)
         self.window_from = {definition.name: window_from}
-        self.positions = dict(after)
+        self.positions = dict(after)  # per partition: what the subscriber's values stand for (sources resume there)
+        #: per partition: the position the last pushed change carried (a batch's earlier changes carry it: a batch
+        #: or snapshot whose every value the subscriber had already moves positions, not what it was told)
+        self.told = dict(after)
         self.principal = principal
         self.max_lag = max_lag
         self.queue: asyncio.Queue[tuple[int, Rows | BaseException]] = asyncio.Queue()
@@ -599,9 +602,7 @@ class _Watch:
                 for rows in newer
             }
             made = self._unsent(
-                self.watched.snapshot(
-                    snapshots, {rows.partition: self.positions.get(rows.partition, 0) for rows in newer}
-                ),
+                self.watched.snapshot(snapshots, {rows.partition: self.told.get(rows.partition, 0) for rows in newer}),
                 {rows.partition: rows.position for rows in newer},
             )
         else:
@@ -609,6 +610,7 @@ class _Watch:
             made = self._changes(rows)
         for change in made:
             self.sent[(change.key, change.window_start)] = change.value
+            self.told[change.partition] = change.position
         lags = {rows.partition: rows.lag for rows in newer}
         for rows in newer:
             self.positions[rows.partition] = rows.position
@@ -630,7 +632,7 @@ class _Watch:
     def _changes(self, rows: Rows) -> list[LiveChange]:
         """Return one batch's changes of the watched keys; the last carries the batch's position."""
         made = []
-        have = self.positions.get(rows.partition, 0)
+        have = self.told.get(rows.partition, 0)
         for store, key, start, state, dropped in rows.rows:
             if store == self.definition.name:
                 change = Change(store, key, start, state, self.topic, rows.partition, rows.position, dropped)

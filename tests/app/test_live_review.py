@@ -309,3 +309,28 @@ async def test_one_subscribers_many_keys_do_not_end_the_others_watches(
         assert not ended, f"the first subscriber's watch ended with {ended[0]!r}"
     finally:
         await first.aclose()
+
+
+# -- a batch whose every value the subscriber had moves the watch's position, not what the subscriber was told -----
+
+
+async def test_a_batch_of_values_sent_already_does_not_move_the_position_the_next_changes_carry() -> None:
+    """A replica whose batches end elsewhere re-sends a value the subscriber has (nothing is pushed), then a batch
+    brings two changes: the first carries the position of the last change pushed, not the silent batch's — a
+    value stands for the position that ends its run, as the failover tests check against the ground truth."""
+    upstreams = Upstreams()
+    live = RelayedLive(lambda caller: upstreams.open)
+    p = where(KEYS[0])
+    a, b = [k for k in KEYS if where(k) == p][:2]
+    watch = live.watch("per_key", [a, b])
+    try:
+        reading = asyncio.ensure_future(take(watch, 2))
+        queue = await upstreams.opening(1)
+        queue.put_nowait(Rows(p, 5, [("per_key", a, None, 1, 0), ("per_key", b, None, 1, 0)], True))
+        assert [(c.value, c.position) for c in await reading] == [(1, 0), (1, 5)]
+        queue.put_nowait(Rows(p, 6, [("per_key", a, None, 1, 0)], False))  # a value it has: nothing pushed
+        queue.put_nowait(Rows(p, 9, [("per_key", a, None, 2, 0), ("per_key", b, None, 3, 0)], False))
+        got = await take(watch, 2)
+    finally:
+        await watch.aclose()
+    assert [(c.key, c.value, c.position) for c in got] == [(a, 2, 5), (b, 3, 9)]
