@@ -11,8 +11,8 @@ producers mixing partitioners: ``app.query.merging``), then finalized. Per store
 
 Positions: a change's ``position`` is where a resume picks up in its partition once the subscriber has it
 (``Subscription.positions`` for a pushed change). The changes of one partition's snapshot all carry the
-position the subscriber was last told (its last pushed change's) but the last, which carries the snapshot's: a subscriber that stops
-halfway through a snapshot reads the partition again when it resumes.
+position the subscriber was last told (its last pushed change's) but the last, which carries the snapshot's:
+a subscriber that stops halfway through a snapshot reads the partition again when it resumes.
 """
 
 from __future__ import annotations
