@@ -300,6 +300,29 @@ class GraphQLApp(GraphQL[Context, None]):
             return None
         return self.create_response(await self.process_result(request, result), sub_response)
 
+    async def execute_document(
+        self, request: Request, query: str, variables: dict[str, Any], extensions: dict[str, Any] | None = None
+    ) -> GraphQLHTTPResponse:
+        """Return the GraphQL response of a query the node itself wrote for request (``app.http.rest``).
+
+        It runs as a client's query does — the request's caller, its own context and loaders, the compiled plan
+        when one covers it — so REST and GraphQL answer in the same words, parse arguments alike and fail with
+        the same codes.
+        """
+        context = await self.get_context(request, _sub_response(http_spec.GRAPHQL_RESPONSE))
+        result = None
+        if self.compiled and isinstance(self.schema, IqGraphSchema):
+            result = await self.schema.execute_compiled(query, variables, context, None, extensions)
+        if result is None:
+            result = await self.schema.execute(
+                query,
+                variable_values=variables,
+                context_value=context,
+                allowed_operation_types={OperationType.QUERY},
+                operation_extensions=extensions,
+            )
+        return await self.process_result(request, result)
+
     def _forwarded_lookups(
         self, request: Request, data: GraphQLRequestData, metrics: RequestMetrics | None
     ) -> ExecutionResult | None:

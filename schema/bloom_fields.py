@@ -64,7 +64,8 @@ def bloom_type(plan: StorePlan) -> type:
             "approximateCount",
             resolver_with(approximate_count, [], Long | None),
             "About how many distinct keys were added: the filters' own estimate (an exact count would need the "
-            "keys). For a store keyed by a column, the sum over partitions: a key added in several counts in each.",
+            "keys). For a store keyed by a column, the estimate of the partitions' filters' union: a key added in "
+            "several partitions counts once.",
         ),
     ]
     about = f": {plan.info.description}" if plan.info.description else ""

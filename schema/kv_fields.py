@@ -63,8 +63,8 @@ def _count_description(plan: StorePlan) -> str:
     if plan.info.co_partitioned:
         return "How many keys the store holds: exact, kept with every write."
     return (
-        "How many (partition, key) entries the store holds: exact per partition. The store is keyed by a "
-        "column, not the record key, so one key can live in several partitions and counts once in each."
+        "How many distinct keys the store holds: exact. The store is keyed by a column, not the record key, so "
+        "one key can live in several partitions: it counts once (the partitions' keys are compared)."
     )
 
 

@@ -148,9 +148,11 @@ def _count_field(plan: StorePlan) -> Field:
         with store_errors():
             return await context(info).queries.count(name, bound(root))
 
-    scope = "" if plan.info.co_partitioned else " (a store keyed by a column: counted once per partition holding it)"
+    scope = "" if plan.info.co_partitioned else " (keyed by a column: a pair several partitions hold counts once)"
     return resolved_field(
-        "count", resolver_with(count, [], Long | None), f"How many (key, window) entries the store holds{scope}: exact."
+        "count",
+        resolver_with(count, [], Long | None),
+        f"How many distinct (key, window) pairs the store holds{scope}: exact.",
     )
 
 

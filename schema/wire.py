@@ -49,6 +49,7 @@ import orjson
 from iqgraph.schema.errors import BAD_REQUEST, INTERNAL, ApiError, api_error
 from iqgraph.schema.types import Answer, NodeInfo, PartitionInfo, PipelineInfo, Read
 from iqgraph.stores import IndexEntry, Key, Page, WindowedValue
+from iqgraph.stores.distinct import BloomBits, KeyDigests
 
 log = logging.getLogger(__name__)
 
@@ -238,15 +239,36 @@ def decode_scan(data: Mapping[str, Any], windowed: bool) -> Answer[dict[int, Any
 
 
 def encode_count(answer: Answer[dict[int, Any]]) -> dict[str, Any]:
-    """Return a _count answer as JSON."""
-    counts = {str(p): encode_error(n) if isinstance(n, Exception) else n for p, n in answer.value.items()}
+    """Return a _count answer as JSON: per partition a number, a key set (``{"digests"|"bloom": base64}``) or an
+    error."""
+    counts = {str(p): _encode_counted(n) for p, n in answer.value.items()}
     return {"counts": counts, **_marks(answer)}
 
 
+def _encode_counted(n: Any) -> Any:
+    if isinstance(n, Exception):
+        return encode_error(n)
+    if isinstance(n, KeyDigests):
+        return {"digests": base64.b64encode(n.data).decode()}
+    if isinstance(n, BloomBits):
+        return {"bloom": base64.b64encode(n.data).decode()}
+    return n
+
+
 def decode_count(data: Mapping[str, Any]) -> Answer[dict[int, Any]]:
-    """Return a peer's _count answer: per partition a count, or an ApiError."""
-    counts = {int(p): decode_error(n["error"]) if _is_error(n) else int(n) for p, n in data["counts"].items()}
+    """Return a peer's _count answer: per partition a count, a key set, or an ApiError."""
+    counts = {int(p): _decode_counted(n) for p, n in data["counts"].items()}
     return Answer(counts, *_read_marks(data))
+
+
+def _decode_counted(n: Any) -> Any:
+    if _is_error(n):
+        return decode_error(n["error"])
+    if isinstance(n, dict) and "digests" in n:
+        return KeyDigests(base64.b64decode(n["digests"]))
+    if isinstance(n, dict) and "bloom" in n:
+        return BloomBits(base64.b64decode(n["bloom"]))
+    return int(n)
 
 
 def encode_calls(calls: Sequence[tuple[Any, Sequence[int]]]) -> list[list[Any]]:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from pybloom_live import ScalableBloomFilter
 
 from iqgraph.stores.codecs import Key, KeyCodec
+from iqgraph.stores.distinct import BloomBits
 from iqgraph.stores.exceptions import CorruptValueError
 from iqgraph.stores.partition import PartitionDB, PartitionTransaction
 from iqgraph.stores.spec import BloomSpec, StoreKind
@@ -78,6 +79,14 @@ class BloomStore:
         """
         self.db.check_queryable()
         return len(self._loaded())
+
+    def bits(self) -> BloomBits:
+        """Return a snapshot of the filter: what a union with other partitions' filters needs (``stores.distinct``)."""
+        self.db.check_queryable()
+        bloom = self._loaded()
+        snapshot = io.BytesIO()
+        bloom.tofile(snapshot)
+        return BloomBits(snapshot.getvalue())
 
     def add(self, tx: PartitionTransaction, keys: Iterable[Key]) -> None:
         """Add keys when tx commits, together with a snapshot of the filter."""

@@ -24,6 +24,7 @@ from types import TracebackType
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch
 
 from iqgraph.stores.codecs import decode_int64, encode_int64
+from iqgraph.stores.distinct import KeyDigests, key_digests
 from iqgraph.stores.exceptions import (
     DataLostError,
     OffsetError,
@@ -146,6 +147,11 @@ class PartitionDB:
             self._check_family(name)
             family = self._families[name] = self.rdict.get_column_family(name)
         return family
+
+    def key_digests(self, name: str) -> KeyDigests:
+        """Return the digests of every key of store name's own column family (``stores.distinct``)."""
+        self.check_queryable()
+        return key_digests(self.family(name).keys())
 
     def handle(self, name: str) -> ColumnFamily:
         """Return the write handle of column family name."""

@@ -1,35 +1,40 @@
-"""A REST path for curl and reverse proxies: one key of one store over plain HTTP, through the routing core.
+"""A REST path for curl and reverse proxies: a store's key, top or count over plain HTTP, answered by GraphQL.
 
-``GET /stores/{store}/keys/{key}`` answers through the same StoreQueries as the GraphQL fields — any node,
-forwarded to the replica that serves the key, same-request failover, the same staleness bound
-(``?maxLag=N``, default the node's ``--max-lag``) — and the same error codes:
+Each REST request is a GraphQL query the node writes for it (``GraphQLApp.execute_document``) and runs as a
+client's would: the same caller, routing, failover and staleness bound (``?maxLag=N``), the same argument
+parsing and the same rendering — field names camelCase as in the schema, times ISO 8601 (``DateTime``), a
+``Decimal`` a string — and the same error codes. What the routes answer:
 
-- key-value store: 200 ``{"store", "key", "value"}``; **404** ``NOT_FOUND`` when the store has no such key;
-- window store: 200 ``{"store", "key", "windows": [{"start", "end", "value"}, …]}`` for window starts in
-  ``?from=…&to=…`` (epoch ms, inclusive; default all); 404 when the key has no window there;
-- bloom store: 200 ``{"store", "key", "mightContain": true|false}``.
+- ``GET /stores/{store}/keys/{key}``:
+  key-value store: 200 ``{"store", "key", "value"}``, **404** ``NOT_FOUND`` when the store has no such key;
+  window store: 200 ``{"store", "key", "windows": [{"key", "start", "end", "value"}, …]}`` for window starts in
+  ``?from=…&to=…`` (inclusive; ISO 8601 or epoch ms, as GraphQL's ``DateTime``; default all), 404 when the
+  key has no window there; bloom store: 200 ``{"store", "key", "mightContain": true|false}``;
+  a ranking: 400 (it keeps no value per key: read its top).
+- ``GET /stores/{store}/top?group=…&first=…&after=…`` (a ranking): 200 ``{"store", "group", "top": [{"rank",
+  "member", "value", "cursor"}, …]}``.
+- ``GET /stores/{store}/count``: 200 ``{"store", "count"}`` — the ``count`` field of the store's type.
+- ``GET /stores/{store}/keys/{key}/metadata``: KeyQueryMetadata with URLs: partition(s), active and standby
+  nodes and where they are reached — a proxy can route by key without reimplementing the partitioner.
 
-Values are the stored JSON (what GraphQL types field by field). A standby's answer has ``extensions.staleness``;
-``?positions=true`` adds ``extensions.positions`` (the applied offsets read). An error is
-``{"errors": [{"message", "extensions": {"code", …}}]}`` with the status of its code (``schema.errors.CODES``), and a
-``Retry-After`` header when the code says when to retry.
-
-``GET /stores/{store}/keys/{key}/metadata`` is KeyQueryMetadata with URLs: partition(s), active and standby
-nodes and where they are reached — a proxy can route by key without reimplementing the partitioner.
+A standby's answer has ``extensions.staleness``; ``?positions=true`` adds ``extensions.positions`` (the applied
+offsets read). An error is ``{"errors": [{"message", "extensions": {"code", …}}]}`` with the status of its
+code (``schema.errors.CODES``), and a ``Retry-After`` header when the code says when to retry.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from graphql import GraphQLField, GraphQLObjectType, GraphQLSchema, get_named_type, is_leaf_type, is_non_null_type
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from iqgraph.app.query.store_queries import ClusterStoreQueries
-from iqgraph.schema.access import principal_of
 from iqgraph.schema.errors import (
     INTERNAL,
     INTERNAL_MESSAGE,
@@ -40,131 +45,245 @@ from iqgraph.schema.errors import (
     properties,
 )
 from iqgraph.schema.keys import key_kind
-from iqgraph.schema.reports import Reports
-from iqgraph.stores import Key, StoreError, StoreKind, UnknownStoreError, WindowedValue
+from iqgraph.schema.naming import camel_case
+from iqgraph.stores import Key, StoreError, StoreKind, UnknownStoreError
+
+if TYPE_CHECKING:
+    from iqgraph.schema.asgi import GraphQLApp
 
 log = logging.getLogger(__name__)
 
+#: per store kind, the field of the store's type GET /stores/{store}/keys/{key} reads, and its arguments' params
+_KEY_FIELDS = {
+    StoreKind.KEY_VALUE: ("get", ()),
+    StoreKind.WINDOW: ("fetch", ("from", "to")),
+    StoreKind.BLOOM: ("mightContain", ()),
+}
+_NUMBERS = frozenset({"Int", "Long"})  # argument types whose query parameter must be a whole number
 
-def rest_routes(queries: ClusterStoreQueries) -> list[Route]:
-    """Return the REST routes answered by the node's StoreQueries."""
+
+def rest_routes(queries: ClusterStoreQueries, graphql: GraphQLApp) -> list[Route]:
+    """Return the REST routes: GraphQL queries (graphql, the node's public app) written for each request."""
+    documents = Documents(graphql.schema._schema)  # noqa: SLF001 - graphql-core's schema: the types to select
 
     async def value(request: Request) -> Response:
-        try:
-            return await _value(queries, request)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a coded JSON error
-            return _error(exc)
+        async def answer() -> Response:
+            store, key = _store_key(queries, request)
+            kind = _kind(queries, store)
+            if kind is StoreKind.RANKING:
+                raise invalid_argument(
+                    "store",
+                    f"{store!r} is a ranking: it keeps no value per key; read its top at /stores/{store}/top"
+                    "?group=…&first=…",
+                )
+            field, params = _KEY_FIELDS[kind]
+            found, extensions = await _run(graphql, documents, request, store, field, {"key": key}, params)
+            body: dict[str, Any] = {"store": store, "key": key}
+            if kind is StoreKind.BLOOM:
+                body["mightContain"] = found
+            elif not found:  # null, or no window in [from, to]
+                return _not_found(store, key, extensions)
+            else:
+                body["windows" if kind is StoreKind.WINDOW else "value"] = found
+            return _found(body, extensions)
+
+        return await _answered(answer)
+
+    async def top(request: Request) -> Response:
+        async def answer() -> Response:
+            store = _store(queries, request)
+            if _kind(queries, store) is not StoreKind.RANKING:
+                raise invalid_argument("store", f"{store!r} is not a ranking: read a key at /stores/{store}/keys/…")
+            found, extensions = await _run(graphql, documents, request, store, "top", {}, ("group", "first", "after"))
+            return _found({"store": store, "group": request.query_params.get("group"), "top": found}, extensions)
+
+        return await _answered(answer)
+
+    async def count(request: Request) -> Response:
+        async def answer() -> Response:
+            store = _store(queries, request)
+            found, extensions = await _run(graphql, documents, request, store, "count", {}, ())
+            return _found({"store": store, "count": found}, extensions)
+
+        return await _answered(answer)
 
     async def metadata(request: Request) -> Response:
-        try:
+        async def answer() -> Response:
             store, key = _store_key(queries, request)
             found = queries.key_metadata(store, key)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a coded JSON error
-            return _error(exc)
-        body = {
-            "store": store,
-            "key": key,
-            "partition": found.partition,
-            "partitions": list(found.partitions),
-            "activeNode": found.active_node,
-            "activeUrl": queries.url_of(found.active_node),
-            "standbyNodes": list(found.standby_nodes),
-            "standbyUrls": [queries.url_of(n) for n in found.standby_nodes],
-            "note": found.note,
-        }
-        return JSONResponse(body)
+            body = {
+                "store": store,
+                "key": key,
+                "partition": found.partition,
+                "partitions": list(found.partitions),
+                "activeNode": found.active_node,
+                "activeUrl": queries.url_of(found.active_node),
+                "standbyNodes": list(found.standby_nodes),
+                "standbyUrls": [queries.url_of(n) for n in found.standby_nodes],
+                "note": found.note,
+            }
+            return JSONResponse(body)
+
+        return await _answered(answer)
 
     return [
         Route("/stores/{store}/keys/{key}/metadata", metadata, methods=["GET"]),
         Route("/stores/{store}/keys/{key}", value, methods=["GET"]),
+        Route("/stores/{store}/top", top, methods=["GET"]),
+        Route("/stores/{store}/count", count, methods=["GET"]),
     ]
 
 
-def _store_key(queries: ClusterStoreQueries, request: Request) -> tuple[str, Key]:
+class Documents:
+    """The GraphQL documents of REST requests: one per (store, field, arguments given), made once.
+
+    A document selects every field of what the store's field returns (objects, lists of objects, recursively), so
+    a value comes whole, rendered as GraphQL renders it.
+    """
+
+    def __init__(self, schema: GraphQLSchema) -> None:
+        self.schema = schema
+
+    @functools.lru_cache(maxsize=1_024)  # noqa: B019 - one per node, for its life
+    def document(self, store: str, field: str, arguments: tuple[str, ...]) -> Document:
+        """Return the query reading field of store's root field with arguments (their variables named alike)."""
+        query = self.schema.query_type
+        root = camel_case(store)
+        assert query is not None and root in query.fields  # noqa: S101 - a store of the node's schema
+        store_type = get_named_type(query.fields[root].type)
+        assert isinstance(store_type, GraphQLObjectType)  # noqa: S101
+        read = store_type.fields[field]
+        types = {a: str(read.args[a].type) for a in arguments if a in read.args}
+        variables = ["$maxLag: Long", *(f"${a}: {t}" for a, t in types.items())]
+        args = f"({', '.join(f'{a}: ${a}' for a in types)})" if types else ""
+        text = f"query Rest({', '.join(variables)}) {{ {root}(maxLag: $maxLag) {{ {field}{args}{_selection(read)} }} }}"
+        return Document(text, {a: t.rstrip("!") for a, t in types.items()})
+
+
+class Document(NamedTuple):
+    """A REST request's GraphQL query, and the named type of each argument it passes."""
+
+    text: str
+    types: dict[str, str]
+
+
+def _selection(field: GraphQLField) -> str:
+    """Return the selection of every field of what field returns ("" for a scalar or enum)."""
+    named = get_named_type(field.type)
+    if is_leaf_type(named):
+        return ""
+    assert isinstance(named, GraphQLObjectType)  # noqa: S101 - value types are objects (no unions)
+    chosen = [
+        f"{name}{_selection(sub)}"
+        for name, sub in named.fields.items()
+        if not any(is_non_null_type(a.type) and a.default_value is None for a in sub.args.values())
+    ]
+    return " { " + " ".join(chosen) + " }"
+
+
+async def _run(
+    graphql: GraphQLApp,
+    documents: Documents,
+    request: Request,
+    store: str,
+    field: str,
+    variables: dict[str, Any],
+    params: tuple[str, ...],
+) -> tuple[Any, dict[str, Any]]:
+    """Return what field of store answers to request's GraphQL query, and the response's extensions.
+
+    params: the query parameters passed as the field's arguments (a whole number where the argument is one).
+    Raises the first error of the response.
+    """
+    given = {p: request.query_params[p] for p in params if request.query_params.get(p, "") != ""}
+    document = documents.document(store, field, tuple(sorted({*variables, *given})))
+    values = {**variables, **{p: _param(p, raw, document.types.get(p)) for p, raw in given.items()}}
+    values["maxLag"] = _param("maxLag", request.query_params.get("maxLag", ""), "Long") or None
+    extensions = {"positions": True} if request.query_params.get("positions") == "true" else None
+    response = await graphql.execute_document(request, document.text, values, extensions)
+    errors = response.get("errors")
+    if errors:
+        raise _Failed(errors[0], dict(response.get("extensions") or {}))
+    data = response.get("data") or {}
+    return data[camel_case(store)][field], dict(response.get("extensions") or {})
+
+
+def _param(name: str, raw: str, declared: str | None) -> Any:
+    """Return a query parameter as its argument's variable takes it: a whole number for a Long or Int argument,
+    epoch ms for a DateTime one given in digits (else the string: ISO 8601, parsed by GraphQL's DateTime)."""
+    if raw == "":
+        return None
+    if declared in _NUMBERS or (declared == "DateTime" and raw.lstrip("-").isdigit()):
+        try:
+            return int(raw)
+        except ValueError:
+            raise invalid_argument(name, f"must be a whole number, got {raw!r}") from None
+    return raw
+
+
+class _Failed(Exception):
+    """The GraphQL response of a REST request had an error: its first, and the response's extensions."""
+
+    def __init__(self, error: dict[str, Any], extensions: dict[str, Any]) -> None:
+        super().__init__(error.get("message"))
+        self.error = error
+        self.extensions = extensions
+
+
+def _store(queries: ClusterStoreQueries, request: Request) -> str:
     store = request.path_params["store"]
-    info = next((s for s in queries.stores() if s.name == store), None)
-    if info is None:
+    if not any(s.name == store for s in queries.stores()):
         known = ", ".join(s.name for s in queries.stores())
         raise UnknownStoreError(f"no store named {store!r} (stores: {known})")
+    return store
+
+
+def _store_key(queries: ClusterStoreQueries, request: Request) -> tuple[str, Key]:
+    store = _store(queries, request)
+    info = next(s for s in queries.stores() if s.name == store)
     return store, key_kind(info.key_type).parse(request.path_params["key"])
 
 
-def _int_param(request: Request, name: str, default: int | None) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise invalid_argument(name, f"must be a whole number, got {raw!r}") from None
-    if name == "maxLag" and value < 0:
-        raise invalid_argument(name, f"must be a number of records >= 0, got {value}")
-    return value
+def _kind(queries: ClusterStoreQueries, store: str) -> StoreKind:
+    return StoreKind(next(s.kind for s in queries.stores() if s.name == store))
 
 
-async def _value(queries: ClusterStoreQueries, request: Request) -> Response:
-    store, key = _store_key(queries, request)
-    max_lag = _int_param(request, "maxLag", None)
-    reports = Reports(want_positions=request.query_params.get("positions") == "true")
-    bound = queries.bind(reports, principal_of(request.scope))
-    kind = StoreKind(next(s.kind for s in queries.stores() if s.name == store))
-    body: dict[str, Any] = {"store": store, "key": key}
-    if kind is StoreKind.RANKING:
-        raise invalid_argument(
-            "store",
-            f"{store!r} is a ranking: it keeps no value per key; read its top with GraphQL (top(group:, first:))",
-        )
-    if kind is StoreKind.KEY_VALUE:
-        [found] = await bound.get_many(store, [key], max_lag)
-        found = _raise_if_error(found)
-        if found is None:
-            return _not_found(store, key, reports)
-        body["value"] = found
-    elif kind is StoreKind.WINDOW:
-        lo = _int_param(request, "from", -(1 << 62))
-        hi = _int_param(request, "to", 1 << 62)
-        [found] = await bound.fetch_many(store, [(key, lo, hi)], max_lag)  # type: ignore[list-item]
-        found = _raise_if_error(found)
-        if not found:
-            return _not_found(store, key, reports)
-        body["windows"] = [_window(w) for w in found]
-    else:
-        [found] = await bound.might_contain_many(store, [key], max_lag)
-        body["mightContain"] = bool(_raise_if_error(found))
-    extensions = reports.extensions()
+def _found(body: dict[str, Any], extensions: dict[str, Any]) -> Response:
     if extensions:
         body["extensions"] = extensions
     return JSONResponse(body)
 
 
-def _window(w: WindowedValue) -> dict[str, Any]:
-    return {"start": w.start, "end": w.end, "value": w.value}
-
-
-def _raise_if_error(found: Any) -> Any:
-    if isinstance(found, Exception):
-        raise found
-    return found
-
-
-def _not_found(store: str, key: Key, reports: Reports) -> Response:
+def _not_found(store: str, key: Key, extensions: dict[str, Any]) -> Response:
     error = {"message": f"store {store} has no key {key!r}", "extensions": {"code": NOT_FOUND}}
     body: dict[str, Any] = {"errors": [error]}
-    extensions = reports.extensions()
     if extensions:
         body["extensions"] = extensions
     return JSONResponse(body, status_code=404)
 
 
-def _error(exc: Exception) -> Response:
-    found = api_error(exc) if isinstance(exc, StoreError) else exc
-    if not isinstance(found, ApiError):
-        log.error("unexpected error on the REST path", exc_info=exc)
-        found = ApiError(INTERNAL_MESSAGE, INTERNAL)
-    extensions = dict(found.extensions or {})
-    status = properties(str(extensions.get("code"))).http_status
+async def _answered(answer: Any) -> Response:
+    """Return answer()'s response; any failure as a coded JSON error with its code's status."""
+    try:
+        return await answer()
+    except _Failed as failed:
+        return _error_response(failed.error, failed.extensions)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a coded JSON error
+        found = api_error(exc) if isinstance(exc, StoreError) else exc
+        if not isinstance(found, ApiError):
+            log.error("unexpected error on the REST path", exc_info=exc)
+            found = ApiError(INTERNAL_MESSAGE, INTERNAL)
+        return _error_response({"message": found.message, "extensions": dict(found.extensions or {})}, {})
+
+
+def _error_response(error: dict[str, Any], extensions: dict[str, Any]) -> Response:
+    coded = error.get("extensions") or {}
+    status = properties(str(coded.get("code"))).http_status
     headers = {}
-    retry_ms = extensions.get("retryAfterMs")
+    retry_ms = coded.get("retryAfterMs")
     if isinstance(retry_ms, int):
         headers["retry-after"] = str(max(1, math.ceil(retry_ms / 1000)))
-    return JSONResponse({"errors": [{"message": found.message, "extensions": extensions}]}, status, headers=headers)
+    body: dict[str, Any] = {"errors": [error]}
+    if extensions:
+        body["extensions"] = extensions
+    return JSONResponse(body, status, headers=headers)

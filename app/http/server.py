@@ -95,7 +95,7 @@ def build_asgi(
             )
             routes.append(Route(path, stream, methods=["POST"]))  # peers' live upstreams (app.live.relay)
     if node.queries is not None:
-        routes += rest_routes(node.queries)  # GET /stores/{store}/keys/{key}[/metadata] (app.http.rest)
+        routes += rest_routes(node.queries, graphql)  # GET /stores/{store}/keys/{key}, /top, /count (app.http.rest)
     if raw_endpoint:
         routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
     if node.app.dashboard is not None:  # the app's page (App.dashboard): it reads /graphql like any client

@@ -42,10 +42,10 @@ from iqgraph.stores import (
     StoreKind,
     StoreMigratedError,
 )
+from iqgraph.stores.distinct import Distinct
 from iqgraph.streaming.definitions import App, StoreDefinition
 
 if TYPE_CHECKING:
-
     from iqgraph.stores import Key
 
 EndOffset = Callable[[str, int], int | None]
@@ -107,9 +107,7 @@ class LocalPartitions:
                 since = max(now - db.applied_at, 0.0)
                 stalled = self.stall_timeout_s is not None and end > applied and since > self.stall_timeout_s
                 infos.append(
-                    PartitionInfo(
-                        topic, p, self._role(topic, p), db.state.value, applied, end, since, stalled, db.lost
-                    )
+                    PartitionInfo(topic, p, self._role(topic, p), db.state.value, applied, end, since, stalled, db.lost)
                 )
         return NodeInfo(self.node_id, self.url, self._state(), tuple(infos), self._pipeline())
 
@@ -233,15 +231,18 @@ class LocalPartitions:
             return window.fetch_all(lo, hi, first, after, states=True)
         return window.fetch_range(a.get("from_key"), a.get("to_key"), lo, hi, first, after, states=True)
 
-    def count(self, store: str, partitions: Sequence[int], exact: bool = True) -> Answer[dict[int, int | StoreError]]:
+    def count(
+        self, store: str, partitions: Sequence[int], exact: bool = True
+    ) -> Answer[dict[int, int | Distinct | StoreError]]:
         """Return the entries in the given partitions: exact for key-value and window stores, else estimates.
 
         exact=False: RocksDB's estimate (fast; grows with updates). A bloom store's count is always its
-        filters' estimate: an exact count would need the keys.
+        filters' estimate: an exact count would need the keys. A store keyed by a column (a key in several
+        partitions) gives what counting the union needs instead of a number (``stores.distinct``).
         """
         definition = definition_of(self.app, store)
         stores, read_at, lags = self.positions(definition, partitions)
-        counts: dict[int, int | StoreError] = {}
+        counts: dict[int, int | Distinct | StoreError] = {}
         for p, found in stores.items():
             try:
                 counts[p] = found if isinstance(found, StoreError) else self._count(found, definition, exact)
@@ -249,8 +250,12 @@ class LocalPartitions:
                 counts[p] = exc
         return Answer(counts, read_at, lags)
 
-    def _count(self, stores: PartitionStores, definition: StoreDefinition, exact: bool) -> int:
+    def _count(self, stores: PartitionStores, definition: StoreDefinition, exact: bool) -> int | Distinct:
         name = definition.name
+        if not definition.co_partitioned and definition.kind is StoreKind.BLOOM:
+            return stores.bloom(name).bits()
+        if not definition.co_partitioned and exact and definition.kind in (StoreKind.KEY_VALUE, StoreKind.WINDOW):
+            return stores.db.key_digests(name)
         if definition.kind is StoreKind.BLOOM:
             return stores.bloom(name).approximate_count()
         if definition.kind is StoreKind.KEY_VALUE:

@@ -49,6 +49,7 @@ from iqgraph.schema.errors import ApiError, properties
 from iqgraph.schema.reports import Reports
 from iqgraph.schema.types import Answer, KeyQueryMetadata, NodeInfo, PartitionInfo, Ranked, Request, Scan, StoreInfo
 from iqgraph.stores import InvalidCursorError, Key, Page, StoreKind, WindowedValue
+from iqgraph.stores.distinct import BloomBits, KeyDigests, distinct_count
 from iqgraph.streaming.definitions import App, StoreDefinition
 from iqgraph.streaming.partitioner import PartitionerEvidence, evidence_from_counters, resolve
 
@@ -385,10 +386,14 @@ class ClusterStoreQueries:
         errors = [v for v in found.values() if isinstance(v, Exception)]
         if errors:
             raise errors[0]
+        sets = [v for v in found.values() if isinstance(v, KeyDigests | BloomBits)]
+        if sets:  # a store keyed by a column: a key counts once, however many partitions hold it
+            return distinct_count(sets)
         return sum(found.values())
 
     async def count(self, store: str, max_lag: int | None = None) -> int:
-        """Return the entries of a store over the cluster: exact (bloom: the filters' estimate)."""
+        """Return the distinct keys of a store over the cluster — (key, window) pairs of a window store, members of a
+        ranking: exact (bloom: the filters' estimate; of a store keyed by a column, their union's)."""
         return await self._count(store, True, max_lag)
 
     async def approximate_count(self, store: str, max_lag: int | None = None) -> int:

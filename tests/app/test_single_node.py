@@ -7,11 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StructType
 
 from iqgraph.app.query.store_queries import ClusterStoreQueries
 from iqgraph.examples.shop import build_app
+from iqgraph.schema import wire
 from iqgraph.schema.errors import ApiError
 from iqgraph.schema.reports import Reports
 from iqgraph.stores import (
@@ -21,6 +23,7 @@ from iqgraph.stores import (
     PartitionStores,
     StateDirectory,
 )
+from iqgraph.stores.distinct import distinct_count
 from iqgraph.streaming.definitions import App, Topic, count, key_value_store
 from iqgraph.streaming.partitioner import partition_for
 from tests.support.queries import single_node
@@ -185,3 +188,23 @@ def test_node_reports_every_hosted_partition(hosted: Any) -> None:
     _fill(hosted[TOPIC], COUNTS)
     node = _queries(hosted).node()
     assert [(p.partition, p.state, p.lag) for p in node.partitions] == [(p, "RUNNING", 0) for p in range(PARTITIONS)]
+
+
+async def test_count_of_a_store_keyed_by_a_column_counts_each_key_once(hosted: Any) -> None:
+    """item_count holds "widget" in all 6 partitions and one "only-p" in each: 7 keys, not 12 entries; the bloom
+    holds "shared" in every partition besides one item each: its union's estimate, not the filters' sum."""
+    _fill(hosted[TOPIC], COUNTS)
+    for stores in hosted[TOPIC].values():
+        tx = stores.db.begin(stores.db.next_offset(), stores.db.next_offset() + 1)
+        assert tx is not None
+        with tx:
+            stores.bloom("items_sold").add(tx, ["shared"])
+    queries = _queries(hosted)
+    assert await queries.count("item_count") == 7
+    assert await queries.count("items_sold") == 7
+    assert await queries.count("order_count") == len(COUNTS)  # keyed by the record key: the kept counters' sum
+    assert await queries.approximate_count("item_count") >= 7  # RocksDB's estimate, per partition
+    for store in ("item_count", "items_sold"):  # what a peer answers comes across the wire whole
+        answer = queries.local.count(store, range(PARTITIONS))
+        sent = wire.decode_count(orjson.loads(orjson.dumps(wire.encode_count(answer))))
+        assert sent.value == answer.value and distinct_count(sent.value.values()) == 7

@@ -8,13 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from pyspark.sql.types import DoubleType, LongType
-from starlette.applications import Starlette
 
-from iqgraph.app.http.rest import rest_routes
 from iqgraph.schema import wire
 from iqgraph.schema.types import Answer
 from iqgraph.stores import IndexEntry, Page, PartitionState
@@ -35,7 +32,7 @@ from iqgraph.streaming.user_aggregations import UserAggregation, aggregate
 from iqgraph.streaming.value_types import value_types
 from tests.schema.conftest import Api, Hosted, RecordingQueries, close_hosted, open_hosted
 from tests.support.apps import PARTITIONS, shop_partition
-from tests.support.queries import single_node
+from tests.support.queries import rest_client, single_node
 
 TOPIC = "plays"
 GENRES = ("jazz", "rock", "pop")
@@ -282,16 +279,18 @@ def test_index_entries_cross_the_peer_wire_whole() -> None:
     assert all(isinstance(item, IndexEntry) for item in decoded.value[0].items)
 
 
-async def test_the_rest_path_says_a_ranking_is_read_through_its_top(tmp_path: Path) -> None:
-    app = charts_app()
-    hosted: Hosted = open_hosted(tmp_path / "rest", app, TOPIC)
-    try:
-        routes = rest_routes(single_node(app, TYPES, hosted))
-        transport = httpx.ASGITransport(app=Starlette(routes=routes))
-        async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
-            found = await client.get("/stores/top_songs/keys/song-01")
-        error = found.json()["errors"][0]
-        assert (found.status_code, error["extensions"]["code"]) == (400, "INVALID_ARGUMENT")
-        assert "is a ranking" in error["message"]
-    finally:
-        close_hosted(hosted)
+async def test_the_rest_path_reads_a_rankings_top_as_graphql_does_and_no_key(charts: tuple[Api, Truth]) -> None:
+    """GET /stores/{ranking}/top is the top field's answer (the same words); a key of a ranking is refused."""
+    api, truth = charts
+    async with rest_client(api.queries) as client:
+        found = await client.get("/stores/top_songs/keys/song-01")
+        genre = GENRES[0]
+        top = await client.get(f"/stores/top_songs/top?group={genre}&first=5")
+        count = await client.get("/stores/top_songs/count")
+    error = found.json()["errors"][0]
+    assert (found.status_code, error["extensions"]["code"]) == (400, "INVALID_ARGUMENT")
+    assert "is a ranking" in error["message"] and "/stores/top_songs/top" in error["message"]
+    graphql = (await api.data(QUERY, {"g": genre, "n": 5}))["topSongs"]["top"]
+    assert top.status_code == 200 and top.json() == {"store": "top_songs", "group": genre, "top": graphql}
+    assert [(e["member"], e["value"]) for e in graphql] == truth.top(truth.plays, genre)[:5]
+    assert count.json() == {"store": "top_songs", "count": len(truth.plays)}

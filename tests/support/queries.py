@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
 from pyspark.sql.types import DataType
+from starlette.applications import Starlette
 
 from iqgraph.app.cluster.membership import Member, StaticMembership
+from iqgraph.app.http.rest import rest_routes
 from iqgraph.app.owner.calls import call_many
 from iqgraph.app.owner.runner import OwnerFieldRunner
 from iqgraph.app.query.partitions import LocalPartitions
 from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
+from iqgraph.schema import GraphQLApp, Limits, build_schema
 from iqgraph.stores import PartitionStores
 from iqgraph.streaming.definitions import App
 
@@ -39,3 +43,11 @@ def single_node(
         partitioner=lambda topic: "murmur2",
         owner_calls=call_many,
     )
+
+
+def rest_client(queries: Any) -> httpx.AsyncClient:
+    """Return a client of the REST routes of a node answering from queries (through its public GraphQL app)."""
+    limits = Limits()
+    graphql = GraphQLApp(build_schema(queries.stores(), limits), queries, limits)
+    app = Starlette(routes=rest_routes(queries, graphql))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node")
