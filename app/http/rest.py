@@ -13,7 +13,8 @@ parsing and the same rendering — field names camelCase as in the schema, times
   a ranking: 400 (it keeps no value per key: read its top).
 - ``GET /stores/{store}/top?group=…&first=…&after=…`` (a ranking): 200 ``{"store", "group", "top": [{"rank",
   "member", "value", "cursor"}, …]}``.
-- ``GET /stores/{store}/count``: 200 ``{"store", "count"}`` — the ``count`` field of the store's type.
+- ``GET /stores/{store}/count``: 200 ``{"store", "count"}`` — the ``count`` field of the store's type (a bloom
+  store: ``{"store", "approximateCount"}``, its filters' estimate).
 - ``GET /stores/{store}/keys/{key}/metadata``: KeyQueryMetadata with URLs: partition(s), active and standby
   nodes and where they are reached — a proxy can route by key without reimplementing the partitioner.
 
@@ -29,7 +30,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from graphql import GraphQLField, GraphQLObjectType, GraphQLSchema, get_named_type, is_leaf_type, is_non_null_type
+from graphql import GraphQLField, GraphQLObjectType, GraphQLSchema, get_named_type, is_leaf_type
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -102,8 +103,9 @@ def rest_routes(queries: ClusterStoreQueries, graphql: GraphQLApp) -> list[Route
     async def count(request: Request) -> Response:
         async def answer() -> Response:
             store = _store(queries, request)
-            found, extensions = await _run(graphql, documents, request, store, "count", {}, ())
-            return _found({"store": store, "count": found}, extensions)
+            field = "approximateCount" if _kind(queries, store) is StoreKind.BLOOM else "count"  # a bloom keeps no keys
+            found, extensions = await _run(graphql, documents, request, store, field, {}, ())
+            return _found({"store": store, field: found}, extensions)
 
         return await _answered(answer)
 
@@ -167,17 +169,17 @@ class Document(NamedTuple):
     types: dict[str, str]
 
 
-def _selection(field: GraphQLField) -> str:
-    """Return the selection of every field of what field returns ("" for a scalar or enum)."""
+def _selection(field: GraphQLField, seen: frozenset[str] = frozenset()) -> str:
+    """Return the selection of every field of what field returns that the store holds ("" for a scalar or enum).
+
+    Fields with arguments are left out: a relation (``product(maxLag)``) or an owner-side field reads another
+    store or runs code — the REST value is the stored one, as GraphQL renders it.
+    """
     named = get_named_type(field.type)
     if is_leaf_type(named):
         return ""
-    assert isinstance(named, GraphQLObjectType)  # noqa: S101 - value types are objects (no unions)
-    chosen = [
-        f"{name}{_selection(sub)}"
-        for name, sub in named.fields.items()
-        if not any(is_non_null_type(a.type) and a.default_value is None for a in sub.args.values())
-    ]
+    assert isinstance(named, GraphQLObjectType) and named.name not in seen  # noqa: S101 - values are trees
+    chosen = [f"{name}{_selection(sub, seen | {named.name})}" for name, sub in named.fields.items() if not sub.args]
     return " { " + " ".join(chosen) + " }"
 
 
