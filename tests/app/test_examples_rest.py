@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,43 @@ async def test_every_store_answers_the_same_over_rest_and_graphql_and_counts_its
             assert got == {"store": store, "group": None, "top": top}
         walked.add(kind)
     assert walked, "no store walked"
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.mark.parametrize("example", ["shop"], indirect=True)
+async def test_the_readmes_rest_curls_answer_on_the_shop_with_the_fields_it_names(example: Example) -> None:
+    """README "Querying" → "REST": each curl line's path answers 200 on the shop, with the top-level fields its
+    comment names first."""
+    block = README.read_text().split("### REST", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line.startswith("curl -s")]
+    assert len(lines) >= 6
+    for line in lines:
+        path = re.search(r"localhost:8000(/[^' ]+)", line).group(1)  # type: ignore[union-attr]
+        response = await example.rest.get(path)
+        assert response.status_code == 200, (path, response.text)
+        comment = line.split("#", 1)[1]
+        if "{" in comment:
+            _has_named_fields(comment[comment.index("{") :], response.json(), path)
+
+
+def _has_named_fields(shape: str, body: Any, path: str) -> None:
+    """Check body has the fields a README comment's shape names: {"a", "b": {"c"}} (nested objects checked too)."""
+    depth, items, current = 0, [], ""
+    for char in shape[1:]:
+        if char == "}" and depth == 0:
+            break
+        depth += {"{": 1, "[": 1, "}": -1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    for item in items:
+        name, _, rest = item.partition(":")
+        name = name.strip().strip('"')
+        assert isinstance(body, dict) and name in body, (path, name, body)
+        if rest.strip().startswith("{"):
+            _has_named_fields(rest.strip(), body[name], path)
