@@ -257,6 +257,7 @@ class JwtVerifier:
             )
         except jwt.PyJWTError as exc:
             raise Unauthenticated(_jwt_reason(exc)) from None
+        _check_numeric_dates(claims)
         return self._principal(claims)
 
     @property
@@ -275,6 +276,14 @@ class JwtVerifier:
         elif not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
             raise Unauthenticated(f"claim {self.rules.scope_claim} is not a string or a list of strings")
         return Principal.from_scopes(subject, scopes)
+
+
+def _check_numeric_dates(claims: Mapping[str, Any]) -> None:
+    """Refuse exp, nbf or iat that is not a number (RFC 7519's NumericDate): PyJWT takes "1767225600" as one."""
+    for claim in ("exp", "nbf", "iat"):
+        value = claims.get(claim)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise Unauthenticated(f"claim {claim} is not a NumericDate")
 
 
 # -- API keys -----------------------------------------------------------------------------------------------

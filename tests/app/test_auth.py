@@ -227,6 +227,10 @@ HS_REFUSED: list[tuple[str, Callable[[], dict[str, str]], str]] = [
         "bad signature",
     ),
     ("scope not strings", lambda: bearer(HS.token(scope=[1, 2])), "claim scope is not a string or a list of strings"),
+    # RFC 7519 §2: a NumericDate is a number; PyJWT alone would turn a string of digits into one
+    ("exp a string", lambda: bearer(HS.token(exp=str(int(time.time()) + 300))), "claim exp is not a NumericDate"),
+    ("nbf a string", lambda: bearer(HS.token(nbf=str(int(time.time()) - 5))), "claim nbf is not a NumericDate"),
+    ("iat a string", lambda: bearer(HS.token(iat=str(int(time.time())))), "claim iat is not a NumericDate"),
     ("api key to a jwt node", lambda: {"x-api-key": "k"}, "API key sent but api-key is not enabled"),
     ("ApiKey to a jwt node", lambda: {"authorization": "ApiKey k"}, "API key sent but api-key is not enabled"),
     ("two credentials", lambda: {**bearer(HS.token()), "x-api-key": "k"}, "both authorization and x-api-key sent"),
