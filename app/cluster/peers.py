@@ -20,7 +20,7 @@ import contextlib
 import secrets
 import ssl
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -105,6 +105,9 @@ class PeerClient:
     ) -> None:
         self.node_id = node_id
         self.signer = PeerSigner(node_id, secret or secrets.token_bytes(32))  # none: no peer would accept
+        #: the id of the member reached at a URL: the receiver a request is signed for (set by who knows the
+        #: members: ``ClusterStoreQueries``); "" signs for nobody, and the peer refuses it
+        self.receiver_of: Callable[[str], str] = lambda url: ""
         self.verify = verify  # how peers' certificates are verified (app.security.tls.peer_verify)
         self.observer = observer
         self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
@@ -157,7 +160,8 @@ class PeerClient:
 
     async def _send(self, url: str, query: str, variables: Mapping[str, Any], caller: Principal) -> dict[str, Any]:
         content = encode_json({"query": query, "variables": variables})
-        headers = {"content-type": "application/json", **self.signer.headers(INTERNAL_PATH, content, caller)}
+        to = self.receiver_of(url)
+        headers = {"content-type": "application/json", **self.signer.headers(INTERNAL_PATH, content, caller, to)}
         try:
             response = await self._client().post(f"{url}{INTERNAL_PATH}", content=content, headers=headers)
         except httpx.HTTPError as exc:
@@ -285,7 +289,7 @@ class PeerClient:
         three heartbeats) or ends the stream; the ApiError of an error event.
         """
         headers = {"content-type": "application/json", "accept": "text/event-stream"}
-        headers |= self.signer.headers(path, body, caller)
+        headers |= self.signer.headers(path, body, caller, self.receiver_of(url))
         timeout = httpx.Timeout(3 * heartbeat_s, connect=2.0)
         client = self.stream_client()
         try:

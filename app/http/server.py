@@ -85,7 +85,9 @@ def build_asgi(
         WebSocketRoute("/graphql", graphql),  # subscriptions over graphql-transport-ws (schema.asgi)
     ]
     if internal is not None:
-        verifier = PeerVerifier(node.settings.cluster_secret or secrets.token_bytes(32))  # none: no peer gets in
+        verifier = PeerVerifier(
+            node.settings.cluster_secret or secrets.token_bytes(32), node.settings.node_id
+        )  # none: no peer
         gate = PeerGate(internal, verifier, node.metrics.forwarded_received, peer_body_bytes(node.settings))
         routes.append(Route(INTERNAL_PATH, gate, methods=["POST"]))
         live = functools.partial(_live, node)

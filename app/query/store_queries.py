@@ -85,6 +85,7 @@ class ClusterStoreQueries:
         self.node_id = local.node_id
         self.membership = membership
         self.peers = peers or PeerClient(local.node_id)
+        self.peers.receiver_of = self.member_at  # each sub-request is signed for the member it goes to
         self.max_lag = max_lag
         self.retry = retry or RetryPolicy()
         self.peer_states = peer_states or PeerStates()
@@ -161,6 +162,10 @@ class ClusterStoreQueries:
     def routing_partitioner(self, store: str) -> str:
         """Return the partitioner store's keys are routed by: configured, or detected under auto."""
         return self.partitioner(definition_of(self.app, store).topic)
+
+    def member_at(self, url: str) -> str:
+        """Return the id of the member reached at url ("" when none is)."""
+        return next((m.id for m in self.membership.current().members.values() if m.url == url), "")
 
     def url_of(self, node_id: str | None) -> str | None:
         """Return the URL of a member."""

@@ -4,11 +4,14 @@ A node forwards a client's reads to the owners of their keys at their **internal
 (``INTERNAL_PATH``), which serves only the internal fields (``schema.internal``). Peers prove who they are
 with an HMAC-SHA256, keyed by the cluster secret every node is given (``IQGRAPH_CLUSTER_SECRET``), over
 
-    method, path, SHA-256 of the body, timestamp, nonce, sending node's id, the caller it carries
+    method, path, SHA-256 of the body, timestamp, nonce, sending node's id, the caller it carries,
+    the receiving node's id
 
 so a signed request cannot be altered (body, path, caller) nor replayed: a timestamp more than
-``WINDOW_S`` away from the receiver's clock is refused, and a nonce seen within that window is refused
-(``NonceCache``). The caller — the Principal the first node authenticated — travels signed, and the owner
+``WINDOW_S`` away from the receiver's clock is refused, a nonce seen within that window is refused
+(``NonceCache``), and a request signed for one node is refused by every other (a captured sub-request cannot
+be sent to a node holding standby copies of the same partitions within its window). The caller — the
+Principal the first node authenticated — travels signed, and the owner
 checks every store read against it (``schema.access.check_read``), exactly as the first node did.
 
 Why an HMAC and not mutual TLS: it needs no certificate per node (one secret for the cluster, given like
@@ -48,6 +51,7 @@ NODE_HEADER = "x-iqgraph-node"
 TIMESTAMP_HEADER = "x-iqgraph-timestamp"
 NONCE_HEADER = "x-iqgraph-nonce"
 CALLER_HEADER = "x-iqgraph-caller"
+TO_HEADER = "x-iqgraph-to"
 SIGNATURE_HEADER = "x-iqgraph-signature"
 #: Where an authenticated sub-request's sender (its node id) and its caller are put in the ASGI scope.
 PEER_SCOPE_KEY = "iqgraph.peer"
@@ -67,9 +71,9 @@ def _encode_caller(caller: Principal) -> str:
 
 
 def _signature(secret: bytes, method: str, path: str, body: bytes, timestamp: str, nonce: str, node: str,
-               caller: str) -> str:  # fmt: skip
+               caller: str, to: str) -> str:  # fmt: skip
     digest = hashlib.sha256(body).hexdigest()
-    message = "\n".join((method.upper(), path, digest, timestamp, nonce, node, caller)).encode()
+    message = "\n".join((method.upper(), path, digest, timestamp, nonce, node, caller, to)).encode()
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
@@ -80,17 +84,19 @@ class PeerSigner:
         self.node_id = node_id
         self._secret = secret.encode() if isinstance(secret, str) else secret
 
-    def headers(self, path: str, body: bytes, caller: Principal, now: float | None = None) -> dict[str, str]:
-        """Return the headers that authenticate a POST of body to path on behalf of caller."""
+    def headers(self, path: str, body: bytes, caller: Principal, to: str, now: float | None = None) -> dict[str, str]:
+        """Return the headers that authenticate a POST of body to path of node to, on behalf of caller."""
         timestamp = f"{time.time() if now is None else now:.3f}"
         nonce = secrets.token_urlsafe(16)
         encoded = _encode_caller(caller)
+        signature = _signature(self._secret, "POST", path, body, timestamp, nonce, self.node_id, encoded, to)
         return {
             NODE_HEADER: self.node_id,
+            TO_HEADER: to,
             TIMESTAMP_HEADER: timestamp,
             NONCE_HEADER: nonce,
             CALLER_HEADER: encoded,
-            SIGNATURE_HEADER: _signature(self._secret, "POST", path, body, timestamp, nonce, self.node_id, encoded),
+            SIGNATURE_HEADER: signature,
         }
 
 
@@ -122,8 +128,10 @@ class NonceCache:
 class PeerVerifier:
     """Check the signature, freshness and uniqueness of a peer's sub-request."""
 
-    def __init__(self, secret: str | bytes, window_s: float = WINDOW_S) -> None:
+    def __init__(self, secret: str | bytes, node_id: str, window_s: float = WINDOW_S) -> None:
+        """node_id: this node's: a request signed for another is refused."""
         self._secret = secret.encode() if isinstance(secret, str) else secret
+        self.node_id = node_id
         self.window_s = window_s
         self.nonces = NonceCache(window_s)
 
@@ -134,12 +142,14 @@ class PeerVerifier:
         now = time.time() if now is None else now
         try:
             node, timestamp, nonce = headers[NODE_HEADER], headers[TIMESTAMP_HEADER], headers[NONCE_HEADER]
-            caller, signature = headers[CALLER_HEADER], headers[SIGNATURE_HEADER]
+            caller, signature, to = headers[CALLER_HEADER], headers[SIGNATURE_HEADER], headers[TO_HEADER]
         except KeyError as exc:
             raise PeerAuthError(f"no {exc.args[0]} header") from None
-        expected = _signature(self._secret, method, path, body, timestamp, nonce, node, caller)
+        expected = _signature(self._secret, method, path, body, timestamp, nonce, node, caller, to)
         if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace")):
             raise PeerAuthError("bad signature")
+        if to != self.node_id:
+            raise PeerAuthError(f"signed for node {to!r}, not this one ({self.node_id!r}): a replay")
         try:
             sent = float(timestamp)
         except ValueError:

@@ -164,8 +164,9 @@ def _internal(node: NodeProcess, body: bytes, headers: dict[str, str]) -> httpx.
     return httpx.post(f"{node.url}{INTERNAL_PATH}", content=body, headers=headers, timeout=30)
 
 
-def _signed(body: bytes, caller: Principal, secret: str = CLUSTER_SECRET) -> dict[str, str]:
-    return {"content-type": "application/json", **PeerSigner("node-2", secret).headers(INTERNAL_PATH, body, caller)}
+def _signed(body: bytes, caller: Principal, secret: str = CLUSTER_SECRET, to: str = "node-1") -> dict[str, str]:
+    signed = PeerSigner("node-2", secret).headers(INTERNAL_PATH, body, caller, to)
+    return {"content-type": "application/json", **signed}
 
 
 def test_a_forwarded_request_is_answered_from_local_partitions_only(cluster: Any) -> None:
@@ -175,7 +176,7 @@ def test_a_forwarded_request_is_answered_from_local_partitions_only(cluster: Any
     body = orjson.dumps(
         {"query": wire.LOOKUP, "variables": {"store": "order_count", "reads": [[key, None, None, [partition]]]}}
     )
-    answer = _internal(nodes[0], body, _signed(body, Principal("tester", None))).json()
+    answer = _internal(nodes[0], body, _signed(body, Principal("tester", None), to="node-0")).json()
     [result] = answer["data"]["_lookup"]["results"]
     assert result["error"]["extensions"]["code"] == "STORE_MIGRATED", answer  # never forwarded again
 
@@ -194,6 +195,9 @@ def test_only_signed_sub_requests_of_peers_reach_the_internal_endpoint(cluster: 
     assert answered.status_code == 200 and result == truth.kv["order_count"][key]  # a count's state is the count
     refused = {
         "replayed": _internal(nodes[1], body, headers),
+        # captured on its way to node-1, sent to the others within its window (node-0 holds its partitions' standbys)
+        "replayed to node-0": _internal(nodes[0], body, headers),
+        "replayed to node-2": _internal(nodes[2], body, headers),
         "wrong secret": _internal(nodes[1], body, _signed(body, everyone, "another-secret")),
         "altered body": _internal(nodes[1], body.replace(b"order_count", b"total_spend"), headers),
         "marker only": _internal(nodes[1], body, {"content-type": "application/json", "x-iqgraph-node": "node-2"}),
@@ -202,7 +206,9 @@ def test_only_signed_sub_requests_of_peers_reach_the_internal_endpoint(cluster: 
             body,
             {
                 **headers,
-                **PeerSigner("node-2", CLUSTER_SECRET).headers(INTERNAL_PATH, body, everyone, now=time.time() - 120),
+                **PeerSigner("node-2", CLUSTER_SECRET).headers(
+                    INTERNAL_PATH, body, everyone, "node-1", now=time.time() - 120
+                ),
             },
         ),  # fmt: skip
     }
@@ -273,13 +279,32 @@ def test_a_caller_reads_only_its_stores_and_every_owner_checks(cluster: Any) -> 
     assert httpx.get(f"{nodes[0].url}/raw/nope/{key}", headers=bearer("read:*"), timeout=30).status_code == 404
 
 
+def _wait_noticed_down(nodes: list[NodeProcess], logged: list[int], down: str, timeout: float = 30) -> None:
+    """Wait until each node's health checks noticed the peer down: it logged "peers down: ..." naming it (in
+    what it logged after `logged` bytes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        said = [node.log.read_bytes()[at:].decode(errors="replace") for node, at in zip(nodes, logged, strict=True)]
+        if all(down in _logged_down(text) for text in said):
+            return
+        assert time.monotonic() < deadline, f"health checks did not notice {down} down in {timeout} s: {said}"
+        time.sleep(0.1)
+
+
+def _logged_down(text: str) -> set[str]:
+    """Return every peer a node's log text named in a "peers down: a, b" line."""
+    lines = [line.split("peers down: ", 1)[1] for line in text.splitlines() if "peers down: " in line]
+    return {name.strip() for line in lines for name in line.split(",")}
+
+
 def test_when_a_node_dies_standbys_answer_with_lag_or_keys_fail_clearly(cluster: Any) -> None:
     nodes, truth, _ = cluster
     counts = truth.kv["order_count"]
     keys = sorted(counts)
+    logged = [len(node.log.read_bytes()) for node in nodes[:2]]
     nodes[2].process.send_signal(signal.SIGKILL)
     nodes[2].process.wait(timeout=60)
-    time.sleep(3)  # health checks notice
+    _wait_noticed_down(nodes[:2], logged, "node-2")
     stale = nodes[0].post(GET_MANY, {"k": keys})
     assert stale["data"]["orderCount"]["getMany"] == [counts[k] for k in keys]
     lags = stale["extensions"]["staleness"]

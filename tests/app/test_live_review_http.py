@@ -39,7 +39,7 @@ async def _internal(scope: Any, receive: Any, send: Any) -> None:
 @pytest.fixture(scope="module")
 def node_a(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LiveShop]]:
     shop = open_live_shop(tmp_path_factory.mktemp("review-http"))
-    verifier = PeerVerifier(SECRET)
+    verifier = PeerVerifier(SECRET, "node-a")
     routes = [
         Route(CHANGES_PATH, PeerGate(StreamEndpoint(changes_events(lambda: shop.live)), verifier), methods=["POST"]),
         Route(INTERNAL_PATH, PeerGate(_internal, verifier), methods=["POST"]),
@@ -80,6 +80,7 @@ async def test_watch_top_subscriptions_leave_room_for_forwarded_reads(node_a: tu
     for every key owned elsewhere)."""
     url, shop = node_a
     peers = PeerClient("node-b", secret=SECRET)
+    peers.receiver_of = lambda url: "node-a"
     live = Live(
         shop.app,
         {},

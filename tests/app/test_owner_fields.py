@@ -384,7 +384,7 @@ def _cluster(app: App, hosted: Hosted, partitioner: str, n: int = 3) -> tuple[li
         gql = GraphQLApp(schema, queries, Limits())
         internal = GraphQLApp(build_internal_schema(Limits(), owner_field_infos(app)), queries, Limits(), local=local)
         router.apps[member.url.removeprefix("http://")] = gql
-        router.internal[member.url.removeprefix("http://")] = PeerGate(internal, PeerVerifier(SECRET))
+        router.internal[member.url.removeprefix("http://")] = PeerGate(internal, PeerVerifier(SECRET, member.id))
         nodes.append((member, queries, gql))
     return nodes, router
 

@@ -24,11 +24,11 @@ ALICE = Principal("alice", frozenset({"order_count"}))
 
 
 def _headers(body: bytes = BODY, caller: Principal = ALICE, now: float = 1_000.0) -> dict[str, str]:
-    return PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, body, caller, now=now)
+    return PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, body, caller, "node-0", now=now)
 
 
 def test_a_signed_request_verifies_once_with_its_sender_and_caller() -> None:
-    verifier = PeerVerifier(SECRET)
+    verifier = PeerVerifier(SECRET, "node-0")
     headers = _headers()
     assert verifier.verify("POST", INTERNAL_PATH, headers, BODY, now=1_010.0) == ("node-1", ALICE)
     with pytest.raises(PeerAuthError, match="replayed"):
@@ -55,6 +55,7 @@ def test_a_signed_request_verifies_once_with_its_sender_and_caller() -> None:
         ),  # fmt: skip
         ("bad signature", lambda h, b: (h, b, 1_000.0, "another-secret", "POST")),
         ("bad signature", lambda h, b: (h, b, 1_000.0, SECRET, "GET")),
+        ("bad signature", lambda h, b: ({**h, "x-iqgraph-to": "node-2"}, b, 1_000.0, SECRET, "POST")),  # re-addressed
         ("timestamp", lambda h, b: (h, b, 1_031.0, SECRET, "POST")),  # too old
         ("timestamp", lambda h, b: (h, b, 969.0, SECRET, "POST")),  # from the future
         (
@@ -66,7 +67,7 @@ def test_a_signed_request_verifies_once_with_its_sender_and_caller() -> None:
 def test_anything_altered_stale_or_missing_is_refused(why: str, change: Any) -> None:
     headers, body, now, secret, method = change(_headers(), BODY)
     with pytest.raises(PeerAuthError, match=why):
-        PeerVerifier(secret).verify(method, INTERNAL_PATH, headers, body, now=now)
+        PeerVerifier(secret, "node-0").verify(method, INTERNAL_PATH, headers, body, now=now)
 
 
 def test_the_nonce_cache_forgets_after_the_window_and_refuses_when_full() -> None:
@@ -87,15 +88,17 @@ async def test_the_gate_gives_the_app_the_same_body_sender_and_caller_and_refuse
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    gate = PeerGate(app, PeerVerifier(SECRET), received.append, max_body_bytes=1_000)
+    gate = PeerGate(app, PeerVerifier(SECRET, "node-0"), received.append, max_body_bytes=1_000)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://node") as client:
-        signed = PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, BODY, ALICE)
+        signed = PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, BODY, ALICE, "node-0")
         assert (await client.post(INTERNAL_PATH, content=BODY, headers=signed)).status_code == 200
         replayed = await client.post(INTERNAL_PATH, content=BODY, headers=signed)
         unsigned = await client.post(INTERNAL_PATH, content=BODY, headers={"x-iqgraph-forwarded": "node-1"})
         big = b"x" * 2_000
         too_big = await client.post(
-            INTERNAL_PATH, content=big, headers=PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, big, ALICE)
+            INTERNAL_PATH,
+            content=big,
+            headers=PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, big, ALICE, "node-0"),
         )
     assert seen == [(BODY, "node-1", ALICE)] and received == ["node-1"]
     for refused in (replayed, unsigned, too_big):
@@ -106,6 +109,16 @@ async def test_the_gate_gives_the_app_the_same_body_sender_and_caller_and_refuse
 def test_a_signature_of_any_characters_is_refused_not_an_error() -> None:
     for signature in ("\xe9" * 64, "😀", ""):
         with pytest.raises(PeerAuthError, match="bad signature"):
-            PeerVerifier(SECRET).verify(
+            PeerVerifier(SECRET, "node-0").verify(
                 "POST", INTERNAL_PATH, {**_headers(), "x-iqgraph-signature": signature}, BODY, now=1_000.0
             )
+
+
+def test_a_request_signed_for_one_node_is_refused_by_every_other() -> None:
+    """A sub-request captured on its way to node-0 (say, a standby of the same partitions elsewhere) is refused
+    by node-2 and node-3 within its window, and still answered by node-0."""
+    headers = _headers()
+    for other in ("node-2", "node-3", ""):
+        with pytest.raises(PeerAuthError, match="signed for node 'node-0'"):
+            PeerVerifier(SECRET, other).verify("POST", INTERNAL_PATH, headers, BODY, now=1_001.0)
+    assert PeerVerifier(SECRET, "node-0").verify("POST", INTERNAL_PATH, headers, BODY, now=1_001.0)[0] == "node-1"

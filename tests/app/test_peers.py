@@ -65,12 +65,14 @@ def peer_url() -> Iterator[str]:
 
 async def test_forwarded_requests_are_signed_and_carry_the_caller(peer_url: str) -> None:
     client = PeerClient("node-7", secret="s3cret")  # noqa: S106 - a test secret
+    client.receiver_of = lambda url: "node-9" if url == peer_url else ""
     alice = Principal("alice", frozenset({"order_count"}))
     answer = await client.count(peer_url, "order_count", [1, 4], True, alice)
     assert (answer.value, answer.positions, answer.lags) == ({1: 40, 4: 2}, {1: 7}, {1: 0})
     request = SEEN[-1]
     assert request["path"] == INTERNAL_PATH
-    assert PeerVerifier("s3cret").verify("POST", INTERNAL_PATH, request["headers"], request["raw"]) == ("node-7", alice)
+    verifier = PeerVerifier("s3cret", "node-9")  # the node it was sent to
+    assert verifier.verify("POST", INTERNAL_PATH, request["headers"], request["raw"]) == ("node-7", alice)
     assert "authorization" not in request["headers"]  # the client's token never travels to peers
     assert request["body"]["variables"] == {"store": "order_count", "partitions": [1, 4], "exact": True}
     assert client.sent[peer_url] == 1
