@@ -70,7 +70,7 @@ from iqgraph.schema import wire
 from iqgraph.schema.bloom_fields import bloom_type
 from iqgraph.schema.compiled import CompiledQueries, RequestMetrics, run_compiled
 from iqgraph.schema.context import Context
-from iqgraph.schema.dynamic import Arg, Field, object_type, resolved_field, resolver_with
+from iqgraph.schema.dynamic import Arg, Field, object_type, optional, resolved_field, resolver_with
 from iqgraph.schema.entities.batches import Reads
 from iqgraph.schema.entities.fields import EntityPlan, entity_root_fields, entity_targets, plan_entities
 from iqgraph.schema.entities.object_type import entity_type
@@ -277,8 +277,10 @@ def _store_field(plan: StorePlan, windows: Mapping[str, WindowNode], rankings: M
         return default if bound is None else StoreScope(bound)
 
     description = plan.info.description or f"The {plan.info.kind.replace('_', '-')} store {plan.name}."
-    return resolved_field(
-        plan.field, resolver_with(resolve, [Arg("max_lag", "maxLag", Long | None, MAX_LAG)], store_type), description
+    return resolved_field(  # nullable: a store's error nulls it alone, never its siblings (or the whole answer)
+        plan.field,
+        resolver_with(resolve, [Arg("max_lag", "maxLag", Long | None, MAX_LAG)], optional(store_type)),
+        description,
     )
 
 

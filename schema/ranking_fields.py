@@ -13,7 +13,7 @@ from typing import Any
 
 import strawberry
 
-from iqgraph.schema.dynamic import Arg, data_field, list_of, object_type, resolved_field, resolver_with
+from iqgraph.schema.dynamic import Arg, data_field, list_of, object_type, optional, resolved_field, resolver_with
 from iqgraph.schema.errors import store_errors
 from iqgraph.schema.resolving import StorePlan, bound, context
 from iqgraph.schema.scalars import Long
@@ -75,7 +75,9 @@ def ranking_type(plan: StorePlan, made: RankingEntry | None = None) -> type:
     ]
     fields = [
         resolved_field(
-            "top", resolver_with(top, arguments, list_of(entry)), "The members from the greatest value down."
+            "top",
+            resolver_with(top, arguments, optional(list_of(entry))),
+            "The members from the greatest value down (null with its error when the ranking cannot be read).",
         ),
         resolved_field("count", resolver_with(count, [], Long | None), "How many members the ranking holds."),
     ]
