@@ -60,6 +60,13 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-bytes", type=int, help="request body bytes at most (default 4 MiB)")
     parser.add_argument("--max-header-bytes", type=int, help="request header bytes at most (default 32 KiB)")
     parser.add_argument("--request-timeout-ms", type=int, help="a request's deadline (default 30000)")
+    parser.add_argument(
+        "--header-timeout-s", type=float, help="a connection's request headers must arrive within this (default 10)"
+    )
+    parser.add_argument("--keep-alive-timeout-s", type=int, help="an idle kept-alive connection's life (default 5)")
+    parser.add_argument(
+        "--max-connections", type=int, help="open client connections at most; one more gets 503 (default 4096)"
+    )
     parser.add_argument("--membership", choices=["static", "kafka"], help="how nodes find each other (default static)")
     parser.add_argument("--peers", help="static membership: every node as id=URL (or URLs: node-0, node-1, …)")
     parser.add_argument("--standbys", type=int, help="standby copies of each partition on other nodes (default 0)")

@@ -63,6 +63,9 @@ class Settings:
     max_body_bytes: int = 4 << 20  # a request body (4 MiB)
     max_header_bytes: int = 32 << 10  # a request's headers and query string (32 KiB)
     request_timeout_ms: int = 30_000  # a request's deadline
+    header_timeout_s: float = 10.0  # a connection's request head (line and headers) must arrive within this
+    keep_alive_timeout_s: int = 5  # an idle kept-alive connection is closed after this
+    max_connections: int = 4_096  # open connections of the listener at most (one more: 503, closed)
     not_ready_deadline_ms: int = 2_000
     raw_endpoint: bool = False
     compiled: bool = True  # queries a compiled plan covers skip graphql-core's executor (IQGRAPH_COMPILED=false: off)
@@ -114,7 +117,7 @@ class Settings:
             "shuffle_partitions",
             *LIMITS,
         )
-        for name in (*positive, "stall_timeout_s"):
+        for name in (*positive, "stall_timeout_s", "header_timeout_s", "keep_alive_timeout_s", "max_connections"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive (--{name.replace('_', '-')})")
         if self.kafka_source not in ("kafka", "iqkafka"):
@@ -193,6 +196,11 @@ def _convert(name: str, raw: Any, kind: Any) -> Any:
             return int(raw)
         except (TypeError, ValueError):
             raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+    if kind in (float, "float"):
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{name} must be a number, got {raw!r}") from None
     if kind in (bool, "bool"):
         if isinstance(raw, bool):
             return raw

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
+from iqgraph.app.http.connections import Hygiene, server_config
 from iqgraph.app.http.request_guard import RequestGuard
 from iqgraph.app.http.rest import rest_routes
 from iqgraph.app.live.stream import StreamEndpoint, changes_events, follow_events
@@ -226,13 +227,8 @@ def serve(settings: Settings, app: App) -> int:
         asgi = build_asgi(node, *graphql_app(node, authenticator), settings.raw_endpoint, authenticator)
         print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)
         print(f"iqgraph: {settings.describe_security()}", flush=True)
-        config = uvicorn.Config(
-            asgi,
-            log_level="warning",
-            timeout_graceful_shutdown=10,
-            h11_max_incomplete_event_size=settings.max_header_bytes,  # with h11; RequestGuard checks them too
-            **tls,  # HTTPS (app.security.tls)
-        )
+        hygiene = Hygiene(settings.header_timeout_s, settings.keep_alive_timeout_s, settings.max_connections)
+        config = server_config(asgi, hygiene, **tls)  # HTTPS (app.security.tls); slow and idle sockets closed
         gc.collect()
         gc.freeze()  # what start-up made lives as long as the node: keep it out of the collector's full passes
         run_until_signalled(uvicorn.Server(config), listener)

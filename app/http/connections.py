@@ -1,0 +1,131 @@
+"""Connection hygiene for the node's listener: what uvicorn's HTTP protocol does not bound by itself.
+
+uvicorn closes a keep-alive connection idle ``timeout_keep_alive`` seconds after a response, but it gives a
+connection no deadline before its first request's headers, nor a request that sends its headers one byte at
+a time; and it counts connections only to refuse a *request* (``limit_concurrency``). Sockets that send
+nothing, or a header line a second, would each hold a file descriptor forever, and enough of them lock out
+clients and peers. ``Hygiene`` adds to uvicorn's httptools protocol:
+
+- a **header deadline**: a connection must deliver a request's whole head (request line and headers) within
+  ``header_timeout_s`` of opening, and again of its previous response: past it, ``408`` and the socket closed;
+- an **idle keep-alive timeout**: uvicorn's own (``keep_alive_timeout_s``);
+- a **cap on open connections** per listener (``max_connections``): one more is answered ``503`` with a coded
+  JSON error (``LIMIT_EXCEEDED``) and closed at once, before anything of it is read.
+
+Each refusal is counted in ``Hygiene.refused`` and logged once per reason and minute (with the client address).
+``server_config`` is where a node's uvicorn config is made with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from iqgraph.schema.errors import LIMIT_EXCEEDED, TIMEOUT
+
+log = logging.getLogger(__name__)
+
+
+def _response(status: str, code: str, message: str) -> bytes:
+    body = orjson.dumps({"errors": [{"message": message, "extensions": {"code": code}}]})
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+@dataclass
+class Hygiene:
+    """The bounds of one listener's connections, and what they refused."""
+
+    header_timeout_s: float = 10.0
+    keep_alive_timeout_s: int = 5
+    max_connections: int = 4_096
+    refused: Counter[str] = field(default_factory=Counter)  # "headers too slow", "too many connections"
+    _logged: dict[str, float] = field(default_factory=dict)
+
+    def refuse(self, reason: str, client: Any) -> None:
+        """Count a refusal; log it at most once a minute per reason."""
+        self.refused[reason] += 1
+        now = time.monotonic()
+        if now - self._logged.get(reason, -60.0) >= 60.0:
+            self._logged[reason] = now
+            log.warning("closed a connection from %s: %s (%d so far)", client, reason, self.refused[reason])
+
+    def protocol(self) -> type[HttpToolsProtocol]:
+        """Return uvicorn's httptools protocol bounded by this hygiene."""
+        hygiene = self
+
+        class Bounded(_BoundedProtocol):
+            bounds = hygiene
+
+        return Bounded
+
+
+class _BoundedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a header deadline and a cap on open connections (see the module)."""
+
+    bounds: Hygiene
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.bounds.max_connections:
+            self.bounds.refuse("too many connections", self.client)
+            message = f"this node holds {self.bounds.max_connections} connections (max_connections): retry later"
+            transport.write(_response("503 Service Unavailable", LIMIT_EXCEEDED, message))
+            transport.close()
+            return
+        self._arm()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._deadline is None:  # the next request of a kept-alive connection: its head has the same deadline
+            self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._deadline = self.loop.call_later(self.bounds.header_timeout_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if getattr(self, "_deadline", None) is not None:
+            self._deadline.cancel()  # type: ignore[union-attr]
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        self.bounds.refuse("request headers not received in time", self.client)
+        seconds = f"{self.bounds.header_timeout_s:g}"
+        message = f"the request's headers did not arrive within {seconds} s (header_timeout_s)"
+        self.transport.write(_response("408 Request Timeout", TIMEOUT, message))
+        self.transport.close()
+
+
+def server_config(asgi: Any, hygiene: Hygiene, **options: Any) -> uvicorn.Config:
+    """Return the uvicorn config of a node's listener: its ASGI app behind hygiene's bounds."""
+    return uvicorn.Config(
+        asgi,
+        http=hygiene.protocol(),
+        timeout_keep_alive=hygiene.keep_alive_timeout_s,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+        **options,
+    )

@@ -1,0 +1,126 @@
+"""Connection hygiene (``app.http.connections``): sockets that send headers a line at a time, or nothing, or idle
+after a response, are closed on time while a legitimate client keeps being answered; one connection past the cap
+gets a coded 503 and is closed. The node's own uvicorn config (``server_config``), on loopback, bounded: at most 160
+sockets and a few seconds."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import orjson
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from iqgraph.app.http.connections import Hygiene, server_config
+from tests.support.servers import serve_in_thread
+
+HEADER_TIMEOUT_S = 1.0
+KEEP_ALIVE_S = 1
+
+
+async def _hello(_: object) -> JSONResponse:
+    return JSONResponse({"hello": "world"})
+
+
+APP = Starlette(routes=[Route("/", _hello)])
+
+
+def _serve(hygiene: Hygiene) -> Iterator[tuple[str, int]]:
+    config = server_config(APP, hygiene)  # what a node's listener runs with
+    with serve_in_thread(APP, http=config.http, timeout_keep_alive=config.timeout_keep_alive) as url:
+        host, port = url.removeprefix("http://").split(":")
+        yield host, int(port)
+
+
+@pytest.fixture
+def bounded() -> Iterator[tuple[Hygiene, tuple[str, int]]]:
+    hygiene = Hygiene(header_timeout_s=HEADER_TIMEOUT_S, keep_alive_timeout_s=KEEP_ALIVE_S, max_connections=150)
+    for address in _serve(hygiene):
+        yield hygiene, address
+
+
+def _connect(address: tuple[str, int]) -> socket.socket:
+    sock = socket.create_connection(address, timeout=10)
+    sock.settimeout(0.05)
+    return sock
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Return whether the server closed sock (what it sent before, a 408, is read and dropped)."""
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def test_slow_and_idle_sockets_are_closed_while_a_client_is_served(bounded: tuple[Hygiene, tuple[str, int]]) -> None:
+    hygiene, address = bounded
+    idle = [_connect(address) for _ in range(50)]  # connected, never send a byte
+    slow = [_connect(address) for _ in range(40)]  # a header line every 0.2 s, never the blank line
+    kept = _connect(address)  # one request, then idle on its kept-alive connection
+    kept.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    answered, stop = [], threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=f"http://{address[0]}:{address[1]}", timeout=5) as http:
+            while not stop.is_set():
+                answered.append(http.get("/").json() == {"hello": "world"})
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    for sock in slow:
+        sock.sendall(b"GET / HTTP/1.1\r\n")
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < HEADER_TIMEOUT_S + 2:
+            for i, sock in enumerate(slow):
+                try:
+                    sock.sendall(f"x-slow-{i}: {time.monotonic()}\r\n".encode())
+                except OSError:
+                    pass  # closed already
+            time.sleep(0.2)
+        assert all(_closed(sock) for sock in idle), "a socket that sent nothing is still open"
+        assert all(_closed(sock) for sock in slow), "a socket sending its headers a line at a time is still open"
+        assert _closed(kept), "an idle kept-alive connection is still open"
+    finally:
+        stop.set()
+        thread.join(10)
+        for sock in (*idle, *slow, kept):
+            sock.close()
+    assert len(answered) >= 10 and all(answered), "the legitimate client was not served throughout"
+    assert hygiene.refused["request headers not received in time"] == 90
+
+
+def test_a_late_head_gets_408_and_one_connection_past_the_cap_gets_503() -> None:
+    hygiene = Hygiene(header_timeout_s=HEADER_TIMEOUT_S, keep_alive_timeout_s=KEEP_ALIVE_S, max_connections=20)
+    for address in _serve(hygiene):
+        held = [_connect(address) for _ in range(20)]
+        try:
+            time.sleep(0.2)  # the server has accepted them all
+            extra = socket.create_connection(address, timeout=5)
+            refusal = b""
+            while chunk := extra.recv(65536):
+                refusal += chunk
+            extra.close()
+            head, _, body = refusal.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503")
+            assert orjson.loads(body)["errors"][0]["extensions"]["code"] == "LIMIT_EXCEEDED"
+            held[0].settimeout(HEADER_TIMEOUT_S + 5)
+            late = held[0].recv(65536)  # sent nothing: the deadline's answer, then the close
+            assert late.startswith(b"HTTP/1.1 408") and b'"code":"TIMEOUT"' in late
+        finally:
+            for sock in held:
+                sock.close()
+    assert hygiene.refused["too many connections"] == 1
