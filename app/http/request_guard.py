@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from iqgraph.schema import http_spec
 from iqgraph.schema.asgi import encode_json
+from iqgraph.schema.errors import UNAUTHENTICATED
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ Send = Callable[[Message], Awaitable[None]]
 App = Callable[[MutableMapping[str, Any], Receive, Send], Coroutine[Any, Any, None]]
 
 #: Why a request was cut short (``RequestGuard.count``'s reasons, the metric's label).
-HEADERS_TOO_LARGE, BODY_TOO_LARGE = "headers_too_large", "body_too_large"
+HEADERS_TOO_LARGE, BODY_TOO_LARGE, UNSIGNED = "headers_too_large", "body_too_large", "unsigned"
+PEER_REFUSAL = "peer authentication required"
 TIMED_OUT, CLIENT_GONE = "timeout", "client_gone"
 
 #: A request still running this long after its body was read starts listening for its client's disconnect;
@@ -309,8 +311,15 @@ class RequestGuard:
         limits: RequestLimits,
         body_bytes: Mapping[str, int] | None = None,
         count: Callable[[str], None] | None = None,
+        signed: Mapping[str, Callable[[MutableMapping[str, Any]], str | None]] | None = None,
     ) -> None:
+        """Args:
+        body_bytes: per path, a body limit of its own (the peers' internal paths).
+        signed: per path, the check of a request's signed headers (its refusal's reason, or None): a request
+            it refuses gets 401 before its body is read (``app.security.peer_auth``: peers' sub-requests).
+        """
         self.app = app
+        self.signed = dict(signed or {})
         self.count = count or (lambda reason: None)  # each request cut short, by reason (the node's metrics)
         self.max_body_bytes = limits.max_body_bytes
         self.body_bytes = dict(body_bytes or {})  # per path, a limit of its own (the peers' internal endpoint)
@@ -326,5 +335,10 @@ class RequestGuard:
         if size > self.max_header_bytes:
             self.count(HEADERS_TOO_LARGE)
             await send_refusal(send, http_spec.headers_too_large(size, self.max_header_bytes), close=True)
+            return
+        check = self.signed.get(scope["path"])
+        if check is not None and check(scope) is not None:  # nothing of an unsigned body is read
+            self.count(UNSIGNED)
+            await send_refusal(send, http_spec.RequestError(401, PEER_REFUSAL, UNAUTHENTICATED), close=True)
             return
         await _Guarded(self, scope, receive, send, wants_event_stream(scope)).run()

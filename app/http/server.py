@@ -111,7 +111,8 @@ def build_asgi(
         CHANGES_PATH: peer_body_bytes(node.settings),
     }  # a batch of many lookups: more than a client's
     clients = AuthGate(Starlette(routes=routes), authenticator, websocket_init_auth=True)  # or by connection_init
-    return RequestGuard(clients, node.settings, peers_body, node.metrics.request_cut)
+    signed = {path: verifier.admits for path in peers_body} if internal is not None else {}  # checked before bodies
+    return RequestGuard(clients, node.settings, peers_body, node.metrics.request_cut, signed)
 
 
 def _live(node: Node) -> Live:

@@ -4,8 +4,8 @@ A node forwards a client's reads to the owners of their keys at their **internal
 (``INTERNAL_PATH``), which serves only the internal fields (``schema.internal``). Peers prove who they are
 with an HMAC-SHA256, keyed by the cluster secret every node is given (``IQGRAPH_CLUSTER_SECRET``), over
 
-    method, path, SHA-256 of the body, timestamp, nonce, sending node's id, the caller it carries,
-    the receiving node's id
+    method, path, SHA-256 of the body (sent in a header too), timestamp, nonce, sending node's id, the caller
+    it carries, the receiving node's id
 
 so a signed request cannot be altered (body, path, caller) nor replayed: a timestamp more than
 ``WINDOW_S`` away from the receiver's clock is refused, a nonce seen within that window is refused
@@ -52,6 +52,7 @@ TIMESTAMP_HEADER = "x-iqgraph-timestamp"
 NONCE_HEADER = "x-iqgraph-nonce"
 CALLER_HEADER = "x-iqgraph-caller"
 TO_HEADER = "x-iqgraph-to"
+BODY_HEADER = "x-iqgraph-body-sha256"  # the body's SHA-256, signed: checked before the body is read
 SIGNATURE_HEADER = "x-iqgraph-signature"
 #: Where an authenticated sub-request's sender (its node id) and its caller are put in the ASGI scope.
 PEER_SCOPE_KEY = "iqgraph.peer"
@@ -70,9 +71,8 @@ def _encode_caller(caller: Principal) -> str:
     return urlsafe_b64encode(orjson.dumps(caller.to_json())).decode()
 
 
-def _signature(secret: bytes, method: str, path: str, body: bytes, timestamp: str, nonce: str, node: str,
+def _signature(secret: bytes, method: str, path: str, digest: str, timestamp: str, nonce: str, node: str,
                caller: str, to: str) -> str:  # fmt: skip
-    digest = hashlib.sha256(body).hexdigest()
     message = "\n".join((method.upper(), path, digest, timestamp, nonce, node, caller, to)).encode()
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
@@ -89,8 +89,10 @@ class PeerSigner:
         timestamp = f"{time.time() if now is None else now:.3f}"
         nonce = secrets.token_urlsafe(16)
         encoded = _encode_caller(caller)
-        signature = _signature(self._secret, "POST", path, body, timestamp, nonce, self.node_id, encoded, to)
+        digest = hashlib.sha256(body).hexdigest()
+        signature = _signature(self._secret, "POST", path, digest, timestamp, nonce, self.node_id, encoded, to)
         return {
+            BODY_HEADER: digest,
             NODE_HEADER: self.node_id,
             TO_HEADER: to,
             TIMESTAMP_HEADER: timestamp,
@@ -139,13 +141,42 @@ class PeerVerifier:
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, now: float | None = None
     ) -> tuple[str, Principal]:
         """Return the sending node's id and the caller it carries; raise PeerAuthError if not a peer's."""
+        node, caller, digest = self.verify_head(method, path, headers, now)
+        check_body(body, digest)
+        return node, caller
+
+    def verify_head(
+        self, method: str, path: str, headers: Mapping[str, str], now: float | None = None
+    ) -> tuple[str, Principal, str]:
+        """Check a sub-request's signed headers before its body is read (the signature covers the body's declared
+        SHA-256); return the sending node's id, the caller it carries and that digest (``check_body``)."""
+        now = time.time() if now is None else now
+        self.check_head(method, path, headers, now)
+        node, nonce, caller, digest = (
+            headers[NODE_HEADER],
+            headers[NONCE_HEADER],
+            headers[CALLER_HEADER],
+            headers[BODY_HEADER],
+        )
+        if not self.nonces.first_use(nonce, now):
+            raise PeerAuthError("replayed nonce")
+        try:
+            principal = Principal.from_json(orjson.loads(urlsafe_b64decode(caller)))
+        except ValueError:
+            raise PeerAuthError("bad caller") from None
+        return node, principal, digest
+
+    def check_head(self, method: str, path: str, headers: Mapping[str, str], now: float | None = None) -> None:
+        """Raise PeerAuthError unless the headers are signed for this node, now (the nonce is not used up: a
+        check the request guard makes before reading the body, ``verify_head`` then makes it whole)."""
         now = time.time() if now is None else now
         try:
             node, timestamp, nonce = headers[NODE_HEADER], headers[TIMESTAMP_HEADER], headers[NONCE_HEADER]
             caller, signature, to = headers[CALLER_HEADER], headers[SIGNATURE_HEADER], headers[TO_HEADER]
+            digest = headers[BODY_HEADER]
         except KeyError as exc:
             raise PeerAuthError(f"no {exc.args[0]} header") from None
-        expected = _signature(self._secret, method, path, body, timestamp, nonce, node, caller, to)
+        expected = _signature(self._secret, method, path, digest, timestamp, nonce, node, caller, to)
         if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace")):
             raise PeerAuthError("bad signature")
         if to != self.node_id:
@@ -156,21 +187,34 @@ class PeerVerifier:
             raise PeerAuthError("bad timestamp") from None
         if abs(now - sent) > self.window_s:
             raise PeerAuthError(f"timestamp {now - sent:+.1f} s away (window {self.window_s:g} s)")
-        if not self.nonces.first_use(nonce, now):
-            raise PeerAuthError("replayed nonce")
+
+    def admits(self, scope: Mapping[str, Any]) -> str | None:
+        """Return why an ASGI request's signed headers are refused (logged), None if they are a peer's (the
+        request guard's check before the body: ``app.http.request_guard``)."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         try:
-            principal = Principal.from_json(orjson.loads(urlsafe_b64decode(caller)))
-        except ValueError:
-            raise PeerAuthError("bad caller") from None
-        return node, principal
+            self.check_head(scope["method"], scope["path"], headers)
+        except PeerAuthError as exc:
+            client = scope.get("client") or ("?", 0)
+            log.warning("refused a sub-request claiming node %r from %s: %s", headers.get(NODE_HEADER), client[0], exc)
+            return str(exc)
+        return None
+
+
+def check_body(body: bytes, digest: str) -> None:
+    """Raise PeerAuthError unless body is the one whose SHA-256 the signed headers declared."""
+    if not hmac.compare_digest(hashlib.sha256(body).hexdigest().encode(), digest.encode("utf-8", "replace")):
+        raise PeerAuthError("the body is not the one signed")
 
 
 class PeerGate:
     """ASGI wrapper of the internal endpoint: only signed sub-requests of peers reach app.
 
-    It reads the body (at most max_body_bytes) to check its hash, then gives the app the same body, the
-    sending node's id at ``scope[PEER_SCOPE_KEY]`` and the carried caller at ``scope[PRINCIPAL_SCOPE_KEY]``;
-    ``received(node_id)`` counts each authenticated sub-request (metrics name peers by it).
+    The signed headers are checked BEFORE the body is read (an unsigned or replayed request is refused having
+    read nothing of its body); the body is then read, at most max_body_bytes, and checked against the signed
+    digest. The app gets the same body, the sending node's id at ``scope[PEER_SCOPE_KEY]`` and the carried
+    caller at ``scope[PRINCIPAL_SCOPE_KEY]``; ``received(node_id)`` counts each authenticated sub-request
+    (metrics name peers by it).
     """
 
     def __init__(
@@ -192,8 +236,9 @@ class PeerGate:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         try:
+            node, caller, digest = self.verifier.verify_head(scope["method"], scope["path"], headers)
             body = await _read_body(receive, self.max_body_bytes)
-            node, caller = self.verifier.verify(scope["method"], scope["path"], headers, body)
+            check_body(body, digest)
         except PeerAuthError as exc:
             client = scope.get("client") or ("?", 0)
             log.warning("refused a sub-request claiming node %r from %s: %s", headers.get(NODE_HEADER), client[0], exc)

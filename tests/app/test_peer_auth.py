@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import pytest
 
+from iqgraph.app.http.request_guard import RequestGuard
 from iqgraph.app.security.peer_auth import (
     PEER_SCOPE_KEY,
     NonceCache,
@@ -15,6 +17,7 @@ from iqgraph.app.security.peer_auth import (
     PeerSigner,
     PeerVerifier,
 )
+from iqgraph.app.settings import Settings
 from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY, Principal
 from iqgraph.schema.wire import INTERNAL_PATH
 
@@ -41,7 +44,8 @@ def test_a_signed_request_verifies_once_with_its_sender_and_caller() -> None:
     ("why", "change"),
     [
         ("bad signature", lambda h, b: ({**h, "x-iqgraph-signature": "0" * 64}, b, 1_000.0, SECRET, "POST")),
-        ("bad signature", lambda h, b: (h, b + b" ", 1_000.0, SECRET, "POST")),  # the body changed
+        ("not the one signed", lambda h, b: (h, b + b" ", 1_000.0, SECRET, "POST")),  # the body changed
+        ("bad signature", lambda h, b: ({**h, "x-iqgraph-body-sha256": "0" * 64}, b, 1_000.0, SECRET, "POST")),
         ("bad signature", lambda h, b: ({**h, "x-iqgraph-node": "node-2"}, b, 1_000.0, SECRET, "POST")),
         (
             "bad signature",
@@ -122,3 +126,74 @@ def test_a_request_signed_for_one_node_is_refused_by_every_other() -> None:
         with pytest.raises(PeerAuthError, match="signed for node 'node-0'"):
             PeerVerifier(SECRET, other).verify("POST", INTERNAL_PATH, headers, BODY, now=1_001.0)
     assert PeerVerifier(SECRET, "node-0").verify("POST", INTERNAL_PATH, headers, BODY, now=1_001.0)[0] == "node-1"
+
+
+async def test_the_gate_refuses_an_unsigned_request_without_reading_its_body() -> None:
+    """The signed headers are checked first: an unsigned, replayed or mis-addressed request is refused having read
+    nothing of its body (six unsigned 60 MiB posts cost no memory); a signed one whose body is not the signed
+    one is refused once read."""
+    reads: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    def request(headers: dict[str, str], body: bytes) -> tuple[dict[str, Any], Any]:
+        async def receive() -> dict[str, Any]:
+            reads.append(len(body))
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+        return {"type": "http", "method": "POST", "path": INTERNAL_PATH, "headers": raw}, receive
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    gate = PeerGate(app, PeerVerifier(SECRET, "node-0"))
+    signed = PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, BODY, ALICE, "node-0")
+    big = b"x" * (60 << 20)
+    for headers in ({}, {**signed, "x-iqgraph-to": "node-0", "x-iqgraph-signature": "0" * 64}):
+        await gate(*request(headers, big), send)
+    assert reads == [] and [m["status"] for m in sent if "status" in m] == [401, 401]
+    await gate(*request(signed, BODY + b" "), send)  # signed, but another body
+    assert reads == [len(BODY) + 1] and sent[-2]["status"] == 401
+    fresh = PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, BODY, ALICE, "node-0")
+    await gate(*request(fresh, BODY), send)
+    assert sent[-2]["status"] == 200
+
+
+async def test_the_request_guard_refuses_an_unsigned_sub_request_before_reading_its_body() -> None:
+    """What the node serves: the request guard reads a request's body before the app runs, so for the peers' paths
+    it checks the signed headers first — six unsigned 60 MiB posts get 401 with nothing of their bodies read."""
+    reads: list[int] = []
+    ran: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        ran.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    verifier = PeerVerifier(SECRET, "node-0")
+    guard = RequestGuard(app, Settings(), {INTERNAL_PATH: 64 << 20}, signed={INTERNAL_PATH: verifier.admits})
+    statuses: list[int] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    async def post(headers: dict[str, str], body: bytes) -> None:
+        async def receive() -> dict[str, Any]:
+            reads.append(len(body))
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        raw = [(k.encode(), v.encode()) for k, v in {**headers, "content-length": str(len(body))}.items()]
+        await guard({"type": "http", "method": "POST", "path": INTERNAL_PATH, "headers": raw}, receive, send)
+
+    big = b"x" * (60 << 20)
+    await asyncio.gather(*(post({"content-type": "application/json"}, big) for _ in range(6)))
+    assert statuses == [401] * 6 and reads == [] and ran == []
+    await post(PeerSigner("node-1", SECRET).headers(INTERNAL_PATH, BODY, ALICE, "node-0"), BODY)
+    assert statuses[-1] == 200 and reads == [len(BODY)] and ran == [INTERNAL_PATH]
