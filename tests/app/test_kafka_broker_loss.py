@@ -4,7 +4,8 @@ Three Apache Kafka brokers (replication factor 3, min.insync.replicas 2) and ONE
 the records of a 3-partition topic. An idempotent acks=all producer sends all along, a client asks the node for
 every key all along, and `KafkaOffsets` (the node's offsets client) lists the end offsets all along. Mid-ingest
 the leader of partition 0 is killed with SIGKILL; the producer keeps producing (two in-sync replicas of three
-are enough), and the broker is started again OUTAGE_S later. Then:
+are enough), and the broker is started again once its partitions have new leaders and the producer goes on
+through them (a record acknowledged after the kill in every partition). Then:
 - every answer of the run came without an error, and none counted more than had been produced for its key
   (nothing applied twice, never invented) nor less than the node had answered before (a single node's store
   only grows); the node never went 5 s without answering;
@@ -43,8 +44,8 @@ KEYS = [f"k{i:02d}" for i in range(40)]
 INITIAL = 400  # records produced before the node starts: every key has some
 RATE = 200.0  # records per second while the drill runs
 WARM_UP_S = 3.0  # load before the kill
-OUTAGE_S = 8.0  # the broker dead
-AFTER_S = 3.0  # load after the broker is back
+OUTAGE_S = 60.0  # the broker dead at most: until every partition is led and written without it (~5 s)
+AFTER_S = 60.0  # load after the broker is back, at most: until every partition goes on with it in sync
 #: Fast failover on one machine (as in tests/streaming/test_apache_kafka.py): a dead broker is fenced in ~3 s.
 FAST_FAILOVER = {
     "broker.session.timeout.ms": "3000",
@@ -305,6 +306,40 @@ def wait_isr(cluster: KafkaCluster, topic: str, timeout: float = 30) -> None:
         time.sleep(0.2)
 
 
+def wait_led_without(cluster: KafkaCluster, topic: str, victim: int, timeout: float = OUTAGE_S) -> None:
+    """Wait until every partition of topic has a leader other than the killed broker victim."""
+    deadline, led = time.monotonic() + timeout, {}
+    while True:
+        led = leaders(cluster, topic)
+        if len(led) == PARTITIONS and all(leader not in (victim, -1) for leader in led.values()):
+            return
+        assert time.monotonic() < deadline, f"{topic}: no new leader {timeout} s after broker {victim}'s kill: {led}"
+        time.sleep(0.2)
+
+
+def wait_acked(drill: Drill, ends: dict[int, int], timeout: float) -> None:
+    """Wait until, in every partition, the producer got a record after ends (acknowledged end offsets) acknowledged."""
+    deadline = time.monotonic() + timeout
+    while any(drill.ingest.acked_end(p) <= end for p, end in ends.items()):
+        assert not drill.ingest.failed, drill.ingest.failed[:3]
+        assert time.monotonic() < deadline, f"no record acknowledged after {ends} in {timeout} s"
+        time.sleep(0.1)
+
+
+def wait_going_on(drill: Drill, since: float, ends: dict[int, int], timeout: float) -> None:
+    """Wait until, in every partition, the node has applied the record after ends (the acknowledged end offsets at
+    `since`): one the producer got acknowledged after `since`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(drill.ready.first(since, p, end) is not None for p, end in ends.items()):
+            return
+        assert drill.node.process.poll() is None, drill.node.log.read_text()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(
+        f"the node applied no record acknowledged after {ends} in {timeout} s: {drill.ready.seen[-1:]}"
+    )
+
+
 def wait_caught_up(drill: Drill, timeout: float = 60) -> None:
     """Wait until the node is ready and has applied every acknowledged record."""
     ends = {p: drill.ingest.acked_end(p) for p in range(PARTITIONS)}
@@ -354,11 +389,13 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
             victim.kill()
             result.killed = time.monotonic()
             result.ends_at_kill = {p: ingest.acked_end(p) for p in range(PARTITIONS)}
-            time.sleep(OUTAGE_S)
+            wait_led_without(cluster, topic, result.victim)
+            wait_acked(result, result.ends_at_kill, OUTAGE_S)
             victim.start()
             result.restarted = time.monotonic()
             wait_isr(cluster, topic)
-            time.sleep(AFTER_S)
+            back = time.monotonic()
+            wait_going_on(result, back, {p: ingest.acked_end(p) for p in range(PARTITIONS)}, AFTER_S)
             ingest.stop()
             wait_caught_up(result)
             for stopped in (result.asker, result.ready, probe):
