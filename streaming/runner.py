@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from py4j.protocol import Py4JError
+from pyspark.errors import StreamingQueryException
+
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.apache_kafka import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError
 from iqgraph.streaming.change_feed import ChangeFeed
@@ -41,6 +44,9 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 
 log = logging.getLogger(__name__)
+
+STOP_AFTER_BATCH_S = 20.0  # how long a stop waits for the batches in flight before it interrupts them
+_TERMINATED = "org.apache.spark.sql.execution.streaming.runtime.TERMINATED$"  # the state Spark's loop ends on
 
 Assignment = Mapping[str, Iterable[int]]
 
@@ -94,6 +100,33 @@ def source_options(
         "startingOffsets": json.dumps({str(p): starting[p] for p in owned}),
         "maxRecordsPerBatch": str(settings.max_records_per_batch),
     }
+
+
+def _end_after_batch(spark: SparkSession, query: StreamingQuery) -> bool:
+    """Ask an active query's thread to end once its micro-batch in flight is done; return whether it was asked.
+
+    StreamingQuery.stop() interrupts the thread wherever it is: in a checkpoint write (Hadoop forks chmod and
+    logs the interrupted join with a Java stack trace), in a Spark job (its tasks logged as lost), in a call
+    to the Python source's worker. Spark has no public call to stop between batches, but its batch loop ends
+    by itself once the query's state says TERMINATED, which stop() sets before it interrupts: set only that.
+    """
+    try:
+        state = query._jsq.streamingQuery().state()  # type: ignore[attr-defined]
+        if state.get().toString() != "ACTIVE":
+            return False
+        terminated = spark._jvm.java.lang.Class.forName(_TERMINATED).getField("MODULE$").get(None)  # type: ignore[union-attr]
+        return bool(state.compareAndSet(state.get(), terminated))
+    except Py4JError:  # another Spark's internals: stop() alone, as before
+        log.info("query %s: cannot end it between batches; stopping it at once", query.name, exc_info=True)
+        return False
+
+
+def _await_end(query: StreamingQuery, deadline: float) -> None:
+    """Wait until query's thread has finished its batch in flight and ended, at most until deadline."""
+    try:
+        query.awaitTermination(max(deadline - time.monotonic(), 0.1))
+    except StreamingQueryException as exc:  # it died in its last batch: a stop hides nothing from anyone now
+        log.info("query %s ended with: %s", query.name, exc)
 
 
 def _connector_missing(error: BaseException) -> bool:
@@ -309,12 +342,16 @@ class StreamRunner:
         return on_commit
 
     def stop_queries(self) -> None:
-        """Stop every streaming query (stores stay open)."""
+        """Stop every streaming query (stores stay open), each between two micro-batches when it can."""
         with self._lock:
             for sink in self._sinks:
                 sink.stopping = True
+            ending = [query for query in self._queries if _end_after_batch(self.spark, query)]
+            deadline = time.monotonic() + STOP_AFTER_BATCH_S
             for query in self._queries:
-                query.stop()
+                if query in ending:
+                    _await_end(query, deadline)
+                query.stop()  # interrupts a query still in a batch; else only Spark's clean-up
             self._queries.clear()
             self._sinks.clear()
             for checkpoint in self._checkpoints:

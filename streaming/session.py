@@ -108,6 +108,9 @@ def _base_conf(master: str, shuffle_partitions: int, driver_memory: str) -> dict
         "spark.sql.streaming.minBatchesToRetain": "10",
         "spark.python.worker.reuse": "true",
         "spark.sql.adaptive.enabled": "false",  # streaming disables it anyway, with a warning per query
+        # a store's partials are wide rows: Spark renders every batch's plan (SQL execution events) and warned
+        # once, at whatever moment (a stop included), that it cut the text at its default of 25 fields
+        "spark.sql.debug.maxToStringFields": "10000",
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_file()}",
     }
     if master.startswith("local"):

@@ -27,6 +27,7 @@ from iqgraph.streaming.broker import free_port
 from iqgraph.streaming.partitioner import partition_for
 from tests.conftest import MakeTopic
 from tests.support.cli import iqgraph
+from tests.support.nodes import stop_noise
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PARTITIONS = 9
@@ -268,7 +269,11 @@ def test_dev_serves_a_users_app_from_a_file_stops_cleanly_on_ctrl_c_and_goes_on_
     except BaseException:
         os.killpg(dev.process.pid, signal.SIGKILL)
         raise
+    node_log = state_dir / "node-0.log"
+    mark = node_log.stat().st_size
     output = dev.ctrl_c()
+    # the node's own log from Ctrl-C on (dev forwards a SIGTERM): no traceback, no warning, no Java stack trace
+    assert stop_noise(node_log.read_text()[mark:]) == [], node_log.read_text()[mark:][-6000:]
     assert "errors" not in response, response
     assert f"ws://127.0.0.1:{port}/graphql" in follow and f"POST to {url}/graphql" in follow
     assert "bookingsPerGuestWatch(keys: [" in subscription and "errors" not in followed, followed
@@ -297,8 +302,10 @@ def test_dev_serves_a_users_app_from_a_file_stops_cleanly_on_ctrl_c_and_goes_on_
     except BaseException:
         os.killpg(again.process.pid, signal.SIGKILL)
         raise
+    mark = node_log.stat().st_size
     output = again.ctrl_c()
     assert again.process.returncode == 0 and "Traceback" not in output, output
+    assert stop_noise(node_log.read_text()[mark:]) == [], node_log.read_text()[mark:][-6000:]
     assert restarted == response, "the second run serves the first run's records"
 
 
@@ -432,7 +439,10 @@ def test_dev_runs_the_bookings_example_and_its_example_query_answers_the_seeds_q
     except BaseException:
         os.killpg(dev.process.pid, signal.SIGKILL)
         raise
+    node_log = tmp_path / "run" / "node-0.log"
+    mark = node_log.stat().st_size
     output = dev.ctrl_c()
+    assert stop_noise(node_log.read_text()[mark:]) == [], node_log.read_text()[mark:][-6000:]  # batches in flight
     assert "errors" not in answer, answer
     data = answer["data"]
     assert {"booking", "bookingCustomer", "latestAtHotel", "reservations", "bookingsPerHour"} <= set(data), query

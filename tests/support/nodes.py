@@ -4,6 +4,7 @@ deadline on every wait."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -179,6 +180,19 @@ def restart_node(node: NodeProcess) -> NodeProcess:
     """Start a stopped node again: the same command (port, peers, state directory, flags), its log appended."""
     process = _spawn(node.process.args, node.log.parent, node.env, node.log, "a")
     return NodeProcess(node.id, node.url, process, node.log, node.env, node.headers)
+
+
+#: What a clean stop never logs: a Python traceback or warning, a log line at WARN or ERROR (Python, Spark, uvicorn,
+#: librdkafka), a Java exception or stack frame.
+_STOP_NOISE = re.compile(
+    r"Traceback|Error|Exception|Warning|never awaited|\b(WARN|WARNING|ERROR)\b|^%[0-4]\||^\s+at [\w$.]+\(|^Caused by",
+    re.M,
+)
+
+
+def stop_noise(log: str) -> list[str]:
+    """Return the lines of a node's log (from the stop signal on) that a clean stop would not have written."""
+    return [line for line in log.splitlines() if _STOP_NOISE.search(line)]
 
 
 def _spawn(command: Any, home: Path, env: Mapping[str, str], log: Path, mode: str) -> subprocess.Popen[str]:
