@@ -18,7 +18,7 @@ StoreQueries call per store per depth.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -177,7 +177,20 @@ def arriving(info: strawberry.Info, ref: EntityRef, reads: Reads) -> Any:
         wanted = ctx.entities.wanted[key] = wanted_reads(info, reads)
     if not wanted or all(read.name in ref.batch.done for read in wanted):
         return ref
-    return _arrive(ref, wanted, ctx.loaders)
+    return _Arrival(ref, wanted, ctx.loaders)
+
+
+class _Arrival:
+    """An entity once its batch's reads are done: awaitable, and nothing made until awaited — a request cancelled
+    (or a list whose other item failed) drops it without a never-awaited coroutine's warning."""
+
+    __slots__ = ("loaders", "ref", "wanted")
+
+    def __init__(self, ref: EntityRef, wanted: list[Read], loaders: Loaders) -> None:
+        self.ref, self.wanted, self.loaders = ref, wanted, loaders
+
+    def __await__(self) -> Generator[Any, None, EntityRef]:
+        return _arrive(self.ref, self.wanted, self.loaders).__await__()
 
 
 async def _arrive(ref: EntityRef, wanted: list[Read], loaders: Loaders) -> EntityRef:

@@ -465,3 +465,20 @@ async def test_without_reading_ahead_fields_still_read_once_per_store(
     data = await market.data(f"query($k: [String!]!) {{ customerList(keys: $k) {{ {CUSTOMER} }} }}", {"k": keys})
     assert data["customerList"] == [TRUTH.customer(k) for k in keys]
     assert set(per_store(market).values()) == {1}  # the first field of a store reads it for the whole batch
+
+
+def test_an_entity_arrival_dropped_unawaited_leaves_no_never_awaited_coroutine() -> None:
+    """A request cancelled mid-way (a node's stop) drops the entity arrivals it had not awaited: no coroutine
+    exists until one is awaited, so nothing warns 'coroutine ... was never awaited' in the node's log."""
+    import gc
+    import warnings
+
+    from iqgraph.schema.entities.batches import _Arrival
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        arrival = _Arrival(None, [], None)  # type: ignore[arg-type]
+        assert hasattr(arrival, "__await__")
+        del arrival
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
