@@ -105,6 +105,12 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
             return
         await super().handle_subscribe(message)
 
+    def forget_id(self, id: str) -> None:  # noqa: A002 - Strawberry's name
+        """Forget a finished operation's id; it may be gone already: an operation that completes (its watch ended
+        as the node stops) while the connection's cleanup forgets every operation (Strawberry's ``del`` raised
+        KeyError there, logged with a traceback)."""
+        self.operations.pop(id, None)
+
 
 class GraphQLApp(GraphQL[Context, None]):
     """Serve schema over HTTP, answering from queries within limits (give build_schema the same Limits).

@@ -33,7 +33,7 @@ from typing import Any
 
 from iqgraph.stores import Key
 from iqgraph.streaming.change_set import Change, Interest, KeyChange
-from iqgraph.streaming.feed_errors import TooManySubscriptionsError
+from iqgraph.streaming.feed_errors import SubscriptionClosedError, TooManySubscriptionsError
 from iqgraph.streaming.subscription import Subscription
 
 DEFAULT_CAPACITY = 1_024
@@ -141,6 +141,7 @@ class ChangeFeed:
         self._lock = threading.Lock()  # the registry: subscriptions in and out, and publish's look-ups
         self._topics: dict[str, _TopicFeed] = {}
         self._count = 0
+        self._closed = False
 
     def subscribe(
         self,
@@ -161,11 +162,22 @@ class ChangeFeed:
         watched = {store: None if keys is None else frozenset(keys) for store, keys in stores.items()}
         sub = Subscription(self, topic, watched, after or {}, capacity or self.capacity)
         with self._lock:
+            if self._closed:
+                raise SubscriptionClosedError("the node is stopping: its change feed is closed")
             if self._count >= self.max_subscriptions:
                 raise TooManySubscriptionsError(f"this node follows {self._count} subscriptions, its limit")
             self._topic(topic).add(sub)
             self._count += 1
         return sub
+
+    def close(self) -> None:
+        """Close every subscription (each subscriber gets SubscriptionClosedError) and refuse new ones: the node
+        stops, and whoever follows a store here ends instead of waiting for batches that will not come."""
+        with self._lock:
+            self._closed = True
+            subscriptions = [sub for feed in self._topics.values() for sub in list(feed.subscriptions)]
+        for sub in subscriptions:
+            sub.close()
 
     def _unsubscribe(self, sub: Subscription) -> None:
         with self._lock:

@@ -6,12 +6,14 @@ stops its streaming queries, closes RocksDB and stops Spark.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import logging
 import secrets
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -232,12 +234,45 @@ def serve(settings: Settings, app: App) -> int:
         config = server_config(asgi, hygiene, **tls)  # HTTPS (app.security.tls); slow and idle sockets closed
         gc.collect()
         gc.freeze()  # what start-up made lives as long as the node: keep it out of the collector's full passes
-        run_until_signalled(uvicorn.Server(config), listener)
+        run_until_signalled(NodeServer(config, node), listener)
     finally:
         listener.close()
         print("iqgraph: stopping: streaming queries, stores, Spark", flush=True)
         node.stop()
     return 0
+
+
+class NodeServer(uvicorn.Server):
+    """uvicorn's server that, as it shuts down, ends the node's live subscriptions still streaming over HTTP.
+
+    uvicorn asks every connection to shut down: a websocket gets its close (Strawberry cancels its operations:
+    clean), but an SSE stream or a peer's upstream is a request in flight that would hold the shutdown until
+    uvicorn cancels it (10 s later, with a traceback). Once the websockets are gone (at most WEBSOCKETS_S), the
+    rest are ended (``Live.stop``): each stream completes, and the shutdown goes on at once.
+    """
+
+    WEBSOCKETS_S = 2.0
+
+    def __init__(self, config: uvicorn.Config, node: Node) -> None:
+        super().__init__(config)
+        self.node = node
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        ending = asyncio.ensure_future(self._end_live_streams())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            ending.cancel()
+
+    async def _end_live_streams(self) -> None:
+        await asyncio.sleep(0)  # uvicorn's shutdown has asked each connection to close
+        deadline = time.monotonic() + self.WEBSOCKETS_S
+        while time.monotonic() < deadline and any(
+            "WebSocket" in type(c).__name__ for c in self.server_state.connections
+        ):
+            await asyncio.sleep(0.05)
+        if self.node.live is not None:
+            self.node.live.stop()
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 
 from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST
-from iqgraph.schema.errors import api_error, limit_exceeded
+from iqgraph.schema.errors import STORE_NOT_READY, ApiError, api_error, limit_exceeded
 from iqgraph.schema.wire import Interest, Row, Rows
 from iqgraph.stores import Key, PartitionStores, StoreError, StoreKind, StoreMigratedError
 from iqgraph.streaming.change_feed import ChangeFeed
@@ -89,6 +89,8 @@ def subscribe(feed: ChangeFeed, topic: str, interest: Interest, after: Mapping[i
     except TooManySubscriptionsError:
         limit = feed.max_subscriptions
         raise limit_exceeded("subscriptions on this node", limit, limit + 1) from None
+    except SubscriptionClosedError:  # the node stops: the follower follows elsewhere
+        raise ApiError("this node is stopping", STORE_NOT_READY, retryAfterMs=1000) from None
 
 
 async def follow_partitions(

@@ -51,6 +51,8 @@ async def store_changes(
         raise api_error(exc) from None
     try:
         subscription = feed.subscribe(topic, {store: None})
+    except SubscriptionClosedError:  # the node stops
+        return
     except TooManySubscriptionsError:
         limit = feed.max_subscriptions
         raise limit_exceeded("subscriptions on this node", limit, limit + 1) from None

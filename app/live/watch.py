@@ -120,6 +120,16 @@ class Live:
         self.relays = Relays()
         self.broadcasts = Broadcasts()  # store_changes' upstreams: one per (peer, store, caller)
         self._tags = itertools.count()
+        self.stopped = False
+        self._on_stop: set[Callable[[], None]] = set()  # how each live subscription here is told to end
+
+    def stop(self) -> None:
+        """End every subscription this node serves (each completes: its stream ends cleanly) and close the feed, so
+        that peers' upstreams end too: the node stops (``app.http.server`` calls it as the server shuts down)."""
+        self.stopped = True
+        for end in list(self._on_stop):
+            end()
+        self.feed.close()
 
     # -- a subscriber's watch --------------------------------------------------------------------------
 
@@ -138,10 +148,13 @@ class Live:
         definition = self._definition(store)
         routed = self._route(definition, keys)
         watch = _Watch(self, definition, routed, after or {}, window_from, principal, max_lag)
+        self._on_stop.add(watch.stop)
         try:
-            async for change in watch.run():
-                yield change
+            if not self.stopped:
+                async for change in watch.run():
+                    yield change
         finally:
+            self._on_stop.discard(watch.stop)
             await watch.close()
 
     def _definition(self, store: str) -> StoreDefinition:
@@ -200,7 +213,9 @@ class Live:
         except StoreError as exc:
             raise api_error(exc) from None
         peers = [] if self.queries is None else sorted(self.queries.membership.current().members)
-        counts: asyncio.Queue[int] = asyncio.Queue()
+        counts: asyncio.Queue[int | None] = asyncio.Queue()  # None: the node stops
+        end = functools.partial(counts.put_nowait, None)
+        self._on_stop.add(end)
         started = [asyncio.Event() for _ in peers] or [asyncio.Event()]
         tasks = [
             asyncio.create_task(self._count(node, store, principal, counts, ready))
@@ -212,14 +227,20 @@ class Live:
             for task in tasks:
                 if task.done() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
+            if self.stopped:
+                return
             yield 0
             while True:
                 found = await counts.get()
-                while not counts.empty():
-                    found += counts.get_nowait()
+                while found is not None and not counts.empty():
+                    more = counts.get_nowait()
+                    found = None if more is None else found + more
+                if found is None:
+                    return
                 if found:
                     yield found
         finally:
+            self._on_stop.discard(end)
             for task in tasks:
                 task.cancel()
             for task in tasks:  # their feed subscriptions closed when this returns
@@ -227,7 +248,7 @@ class Live:
                     await task
 
     async def _count(
-        self, node: str, store: str, principal: Principal, counts: asyncio.Queue[int], ready: asyncio.Event
+        self, node: str, store: str, principal: Principal, counts: asyncio.Queue[int | None], ready: asyncio.Event
     ) -> None:
         """Put node's counts of store's changed keys in counts (again after a failure), ready at its first."""
         while True:
@@ -249,7 +270,7 @@ class Live:
             await asyncio.sleep(1.0)
 
     async def _count_peer(
-        self, node: str, store: str, principal: Principal, counts: asyncio.Queue[int], ready: asyncio.Event
+        self, node: str, store: str, principal: Principal, counts: asyncio.Queue[int | None], ready: asyncio.Event
     ) -> None:
         """Put a peer's counts in counts, from its one broadcast shared by every listener here."""
         assert self.queries is not None and self.peers is not None  # noqa: S101 - only with peers
@@ -354,6 +375,7 @@ class Live:
 
 
 _NOTHING = object()
+_STOP = -1  # the tag of the event that ends a watch (the node stops); sources' tags count from 0
 _LOCAL = Principal("iqgraph-node", None)  # this node following its own partitions: the watch checked its caller
 
 
@@ -400,6 +422,10 @@ class _Watch:
         self.retry_at = 0.0
         self.fatal: ApiError | None = None
 
+    def stop(self) -> None:
+        """End the watch at its next turn: the node stops (``Live.stop``)."""
+        self.queue.put_nowait((_STOP, ConnectionError("the node stops")))
+
     async def run(self) -> AsyncGenerator[LiveChange, None]:
         held: list[tuple[int, Rows | BaseException]] = []  # taken from the queue, not yet handled
         while True:
@@ -419,6 +445,8 @@ class _Watch:
                 except TimeoutError:
                     continue
                 self.taken.set()
+            if tag == _STOP:
+                return
             source = self.sources.get(tag)
             if source is None:
                 continue  # a source replaced already

@@ -1,12 +1,15 @@
-"""A stop writes nothing alarming: SIGTERM to a node in the middle of its micro-batches, a subscriber connected,
-leaves no traceback, warning or Java stack trace in its log (Ctrl-C of `iqgraph dev`: tests/app/test_dev.py)."""
+"""A stop writes nothing alarming: SIGTERM to a node in the middle of its micro-batches, subscribers connected over
+a websocket and over SSE, leaves no traceback, warning or Java stack trace in its log, and the SSE stream ends with
+its `complete` event (Ctrl-C of `iqgraph dev`: tests/app/test_dev.py)."""
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -42,6 +45,18 @@ def test_sigterm_in_the_middle_of_batches_with_a_subscriber_logs_no_traceback_an
     node = start_node(tmp_path, "stopapp", "node-0", free_port(), ["--max-records-per-batch", "400"])
     try:
         wait_ready([node])
+        streamed: list[str] = []  # an SSE subscriber's lines (graphql-sse's distinct connections mode)
+
+        def follow_over_sse() -> None:
+            body = {"query": WATCH, "variables": {"keys": KEYS}}
+            with (
+                httpx.Client(timeout=90) as client,
+                client.stream("POST", f"{node.url}/graphql", json=body, headers={"accept": "text/event-stream"}) as r,
+            ):
+                streamed.extend(r.iter_lines())
+
+        sse = threading.Thread(target=follow_over_sse, daemon=True)
+        sse.start()
         with websocket(node.url.removeprefix("http://")) as raw:
             ws = TransportWS(raw)
             assert ws.init()["type"] == "connection_ack"
@@ -55,6 +70,7 @@ def test_sigterm_in_the_middle_of_batches_with_a_subscriber_logs_no_traceback_an
             node.process.send_signal(signal.SIGTERM)
             returncode = node.process.wait(60)
         took = time.monotonic() - signalled
+        sse.join(10)
     finally:
         node.kill()
     log = node.log.read_text()
@@ -62,3 +78,5 @@ def test_sigterm_in_the_middle_of_batches_with_a_subscriber_logs_no_traceback_an
     assert "iqgraph: stopping: streaming queries, stores, Spark" in log[mark:], log[-3000:]
     assert stop_noise(log[mark:]) == [], log[mark:][-6000:]
     assert took < 30, f"stopped {took:.1f} s after SIGTERM"
+    assert any(line.startswith("event: next") for line in streamed), streamed[:5]
+    assert "event: complete" in streamed, streamed[-5:]  # the stream was ended, not cut (uvicorn's cancel)
