@@ -52,6 +52,10 @@ logger.blockmanager.name = org.apache.spark.storage.BlockManager
 logger.blockmanager.level = error
 logger.dagscheduler.name = org.apache.spark.scheduler.DAGScheduler
 logger.dagscheduler.level = error
+# A stop can interrupt Hadoop's chmod of a checkpoint file (it forks one, then waits): harmless, the batch is
+# applied again from the stores' offsets; its WARN came with a Java stack trace.
+logger.shell.name = org.apache.hadoop.util.Shell
+logger.shell.level = error
 """
 
 

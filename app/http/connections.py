@@ -7,7 +7,9 @@ nothing, or a header line a second, would each hold a file descriptor forever, a
 clients and peers. ``Hygiene`` adds to uvicorn's httptools protocol:
 
 - a **header deadline**: a connection must deliver a request's whole head (request line and headers) within
-  ``header_timeout_s`` of opening, and again of its previous response: past it, ``408`` and the socket closed;
+  ``header_timeout_s`` of opening, and again of its previous response: past it the socket is closed — with a
+  ``408`` when a request had begun, silently when nothing came (a browser's pre-connected socket: an answer to a
+  request it has not sent could be taken for the answer to the next one);
 - an **idle keep-alive timeout**: uvicorn's own (``keep_alive_timeout_s``);
 - a **cap on open connections** per listener (``max_connections``): one more is answered ``503`` with a coded
   JSON error (``LIMIT_EXCEEDED``) and closed at once, before anything of it is read.
@@ -79,6 +81,7 @@ class _BoundedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None
+        self._begun = False  # a request's first bytes came, not yet its whole head
         if len(self.connections) > self.bounds.max_connections:
             self.bounds.refuse("too many connections", self.client)
             message = f"this node holds {self.bounds.max_connections} connections (max_connections): retry later"
@@ -89,11 +92,13 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._begun = True
         if self._deadline is None:  # the next request of a kept-alive connection: its head has the same deadline
             self._arm()
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._begun = False
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -113,9 +118,10 @@ class _BoundedProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self.bounds.refuse("request headers not received in time", self.client)
-        seconds = f"{self.bounds.header_timeout_s:g}"
-        message = f"the request's headers did not arrive within {seconds} s (header_timeout_s)"
-        self.transport.write(_response("408 Request Timeout", TIMEOUT, message))
+        if self._begun:
+            seconds = f"{self.bounds.header_timeout_s:g}"
+            message = f"the request's headers did not arrive within {seconds} s (header_timeout_s)"
+            self.transport.write(_response("408 Request Timeout", TIMEOUT, message))
         self.transport.close()
 
 

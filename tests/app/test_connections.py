@@ -117,9 +117,12 @@ def test_a_late_head_gets_408_and_one_connection_past_the_cap_gets_503() -> None
             head, _, body = refusal.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 503")
             assert orjson.loads(body)["errors"][0]["extensions"]["code"] == "LIMIT_EXCEEDED"
+            held[0].sendall(b"GET / HTTP/1.1\r\nhost: x\r\n")  # a request begun, its head never finished
             held[0].settimeout(HEADER_TIMEOUT_S + 5)
-            late = held[0].recv(65536)  # sent nothing: the deadline's answer, then the close
+            late = held[0].recv(65536)  # the deadline's answer, then the close
             assert late.startswith(b"HTTP/1.1 408") and b'"code":"TIMEOUT"' in late
+            held[1].settimeout(HEADER_TIMEOUT_S + 5)
+            assert held[1].recv(65536) == b""  # sent nothing: closed without an answer to a request never made
         finally:
             for sock in held:
                 sock.close()
