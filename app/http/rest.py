@@ -200,7 +200,7 @@ async def _run(
     given = {p: request.query_params[p] for p in params if request.query_params.get(p, "") != ""}
     document = documents.document(store, field, tuple(sorted({*variables, *given})))
     values = {**variables, **{p: _param(p, raw, document.types.get(p)) for p, raw in given.items()}}
-    values["maxLag"] = _param("maxLag", request.query_params.get("maxLag", ""), "Long") or None
+    values["maxLag"] = _param("maxLag", request.query_params.get("maxLag", ""), "Long")  # 0: only the caught-up
     extensions = {"positions": True} if request.query_params.get("positions") == "true" else None
     response = await graphql.execute_document(request, document.text, values, extensions)
     errors = response.get("errors")

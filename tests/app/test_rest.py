@@ -95,3 +95,24 @@ async def test_key_metadata_names_partition_and_urls(client: httpx.AsyncClient) 
     assert (body["activeNode"], body["activeUrl"], body["standbyNodes"]) == ("node-0", "http://127.0.0.1:8000", [])
     column = (await client.get("/stores/items_sold/keys/widget/metadata")).json()
     assert column["partition"] is None and "keyed by a column" in column["note"]
+
+
+async def test_max_lag_reaches_the_query_as_given_zero_included(
+    hosted: Hosted, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """?maxLag=0 (only copies fully caught up may answer) is the GraphQL argument 0, not "no bound"."""
+    from iqgraph.schema.asgi import GraphQLApp
+
+    seen: list[Any] = []
+    execute = GraphQLApp.execute_document
+
+    async def recording(self: GraphQLApp, request: Any, query: str, variables: dict[str, Any], *more: Any) -> Any:
+        seen.append(variables.get("maxLag"))
+        return await execute(self, request, query, variables, *more)
+
+    monkeypatch.setattr(GraphQLApp, "execute_document", recording)
+    customer = sorted(TRUTH.counts())[0]
+    async with rest_client(single_node(shop_app(), SHOP_TYPES, hosted)) as client:
+        for given in ("0", "5", ""):
+            assert (await client.get(f"/stores/order_count/keys/{customer}?maxLag={given}")).status_code == 200
+    assert seen == [0, 5, None]
