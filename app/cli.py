@@ -39,7 +39,13 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", type=Path, help="where the node keeps its RocksDB stores (default ./state)")
     parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the app's)")
     parser.add_argument("--node-id", help="this node's id (default node-0)")
-    parser.add_argument("--advertised-url", help="the URL clients and peers reach this node at")
+    parser.add_argument("--advertised-url", help="the URL clients reach this node at")
+    parser.add_argument(
+        "--peer-port", type=int, help="port of the peers' listener, /internal/* only (default: --port + 10000)"
+    )
+    parser.add_argument(
+        "--advertised-peer-url", help="the URL peers reach the peer listener at (default: the advertised URL's host)"
+    )
     parser.add_argument("--spark-master", help="Spark master (default local[*])")
     parser.add_argument("--driver-memory", help="Spark driver memory (default 1g)")
     parser.add_argument(

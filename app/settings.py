@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 ENV_PREFIX = "IQGRAPH_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
@@ -32,6 +33,9 @@ MIN_CLUSTER_SECRET = 16
 #: HS256's key is at least as long as its hash (RFC 7518 §3.2).
 MIN_JWT_SECRET_BYTES = 32
 EXAMPLE_CLUSTER_SECRET = "change-me-dev-only"  # noqa: S105 - refused, not used
+#: Where the peers' listener is by default: the client port + this (8000: 18000), out of the way of the ports
+#: Kafka's tools use (8081-8088, 9000-9100).
+PEER_PORT_OFFSET = 10_000
 
 
 class SettingsError(ValueError):
@@ -49,6 +53,8 @@ class Settings:
     bootstrap_servers: str | None = None
     node_id: str = "node-0"
     advertised_url: str | None = None
+    peer_port: int | None = None  # peers' listener (/internal/* only); None: port + PEER_PORT_OFFSET
+    advertised_peer_url: str | None = None  # the URL peers reach the peer listener at (default: url's host)
     spark_master: str = "local[*]"
     driver_memory: str = "1g"
     shuffle_partitions: int = 2
@@ -106,9 +112,39 @@ class Settings:
         scheme = "http" if self.tls_cert is None else "https"
         return self.advertised_url or f"{scheme}://{self.host}:{self.port}"
 
+    @property
+    def has_peers(self) -> bool:
+        """Return whether the node is one of a cluster (static peers or a Kafka group): it opens a peer listener."""
+        return self.peers is not None or self.membership == "kafka"
+
+    @property
+    def peer_listen_port(self) -> int:
+        """Return the port of the peers' listener: --peer-port, or the client port + PEER_PORT_OFFSET."""
+        return self.peer_port if self.peer_port is not None else self.port + PEER_PORT_OFFSET
+
+    @property
+    def peer_url(self) -> str:
+        """Return the URL peers reach this node's peer listener at (told them by /healthz: ``peerUrl``)."""
+        if self.advertised_peer_url:
+            return self.advertised_peer_url.rstrip("/")
+        parts = urlsplit(self.url)
+        host = parts.hostname or self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{parts.scheme}://{host}:{self.peer_listen_port}"
+
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise SettingsError(f"port {self.port} is out of range; use 1-65535 (--port / {ENV_PREFIX}PORT)")
+        if self.has_peers and not 0 < self.peer_listen_port < 65536:
+            raise SettingsError(
+                f"the peer listener's port {self.peer_listen_port} (port + {PEER_PORT_OFFSET}) is out of range: "
+                f"set --peer-port / {ENV_PREFIX}PEER_PORT (1-65535)"
+            )
+        if self.has_peers and self.peer_listen_port == self.port:
+            raise SettingsError(
+                f"peer_port {self.peer_listen_port} is the client port: peers need a listener of their own "
+                "(--peer-port)"
+            )
         positive = (
             "max_records_per_batch",
             "max_keys",

@@ -54,10 +54,12 @@ from iqgraph.stores.distinct import BloomBits, KeyDigests
 log = logging.getLogger(__name__)
 
 #: The peers' endpoints (signed: ``app.security.peer_auth``), and the health their poller reads.
+INTERNAL_PREFIX = "/internal/"  # served only on the peer listener (app.http.server.peer_asgi)
 INTERNAL_PATH = "/internal/graphql"
 FOLLOW_PATH = "/internal/follow"
 CHANGES_PATH = "/internal/changes"
 READY_PATH = "/readyz"
+HEALTH_PATH = "/healthz"  # says where the node's peer listener is (peerUrl)
 HEARTBEAT_S = 5.0  # a stream's comment when it has nothing to send: a follower notices a peer gone silent
 MAX_FOLLOW_KEYS = 100_000  # keys one follow request may name (a relay opens another stream past it)
 

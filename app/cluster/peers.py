@@ -7,7 +7,10 @@ five stores, or one depth of relations, costs one sub-request per peer, not one 
 gets its own answer, or its own error.
 
 Every sub-request goes to the peer's internal endpoint (``wire.INTERNAL_PATH``; the peer answers from
-its own partitions only), signed with the cluster secret and carrying the caller (``peer_auth.PeerSigner``):
+its own partitions only) on the peer's own listener for peers: members are known by the URL clients reach them
+at, and each tells where its peer listener is on ``/healthz`` (``peerUrl``: ``peer_url`` asks once and keeps
+it until a connection to it is refused — a node restarted with another --peer-port is asked again). Signed
+with the cluster secret and carrying the caller (``peer_auth.PeerSigner``):
 the owner checks the caller may read each store. Explicit timeouts and connection limits; keep-alive
 connections are reused across requests. Counts what it sends per peer, and tells an optional PeerObserver
 (the node's metrics) of each request sent and each that failed.
@@ -32,7 +35,16 @@ from iqgraph.schema import wire
 from iqgraph.schema.access import Principal
 from iqgraph.schema.errors import NODE_UNAVAILABLE
 from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
-from iqgraph.schema.wire import CHANGES_PATH, FOLLOW_PATH, HEARTBEAT_S, INTERNAL_PATH, PEER_TIMEOUT_S, Rows, encode_json
+from iqgraph.schema.wire import (
+    CHANGES_PATH,
+    FOLLOW_PATH,
+    HEALTH_PATH,
+    HEARTBEAT_S,
+    INTERNAL_PATH,
+    PEER_TIMEOUT_S,
+    Rows,
+    encode_json,
+)
 
 STREAM_CONNECTIONS = 512  # live streams to peers (app.live.relay bounds them: 256 upstreams, and change counts)
 
@@ -113,6 +125,7 @@ class PeerClient:
         self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.sent: Counter[str] = Counter()
+        self._peer_urls: dict[str, str] = {}  # a member's URL: its peer listener's
         self._clients: dict[int, httpx.AsyncClient] = {}
         self._streams: dict[int, httpx.AsyncClient] = {}
         self._pending: dict[tuple[int, str, Principal], list[_Lookup]] = {}
@@ -136,6 +149,30 @@ class PeerClient:
             limits = httpx.Limits(max_connections=STREAM_CONNECTIONS, max_keepalive_connections=8)
             client = self._streams[loop] = httpx.AsyncClient(timeout=self.timeout, limits=limits, verify=self.verify)
         return client
+
+    async def peer_url(self, url: str) -> str:
+        """Return the URL of the peer listener of the member at url, as its /healthz says; PeerUnavailableError
+        if it cannot be asked or does not say."""
+        found = self._peer_urls.get(url)
+        if found is not None:
+            return found
+        try:
+            response = await self._client().get(f"{url}{HEALTH_PATH}")
+        except httpx.HTTPError as exc:
+            raise PeerUnavailableError(f"peer {url} is unreachable: {exc.__class__.__name__}") from exc
+        try:
+            found = str(response.json()["peerUrl"]).rstrip("/")
+        except (ValueError, KeyError, TypeError):
+            raise PeerUnavailableError(
+                f"peer {url} names no peer listener on {HEALTH_PATH} (HTTP {response.status_code}): "
+                "is it a node of this cluster, started with peers?"
+            ) from None
+        self._peer_urls[url] = found
+        return found
+
+    def _refused(self, url: str, exc: httpx.HTTPError) -> None:
+        if isinstance(exc, httpx.ConnectError):  # its peer listener may have moved: ask again next time
+            self._peer_urls.pop(url, None)
 
     async def query(self, url: str, query: str, variables: Mapping[str, Any], caller: Principal) -> Any:
         """Return the data of one forwarded GraphQL request; raise PeerError / PeerUnavailableError."""
@@ -162,9 +199,11 @@ class PeerClient:
         content = encode_json({"query": query, "variables": variables})
         to = self.receiver_of(url)
         headers = {"content-type": "application/json", **self.signer.headers(INTERNAL_PATH, content, caller, to)}
+        target = await self.peer_url(url)
         try:
-            response = await self._client().post(f"{url}{INTERNAL_PATH}", content=content, headers=headers)
+            response = await self._client().post(f"{target}{INTERNAL_PATH}", content=content, headers=headers)
         except httpx.HTTPError as exc:
+            self._refused(url, exc)
             raise PeerUnavailableError(f"peer {url} is unreachable: {exc.__class__.__name__}") from exc
         if response.status_code >= 500:
             raise PeerUnavailableError(f"peer {url} failed with HTTP {response.status_code}")
@@ -292,8 +331,9 @@ class PeerClient:
         headers |= self.signer.headers(path, body, caller, self.receiver_of(url))
         timeout = httpx.Timeout(3 * heartbeat_s, connect=2.0)
         client = self.stream_client()
+        target = await self.peer_url(url)
         try:
-            async with client.stream("POST", f"{url}{path}", content=body, headers=headers, timeout=timeout) as r:
+            async with client.stream("POST", f"{target}{path}", content=body, headers=headers, timeout=timeout) as r:
                 if r.status_code != 200:  # refusals of the caller come as error events: this is the peer's trouble
                     text = (await r.aread())[:200].decode("utf-8", "replace")  # (a 401: clocks or secrets differ)
                     raise PeerUnavailableError(f"peer {url} answered a stream with HTTP {r.status_code}: {text}")
@@ -303,6 +343,7 @@ class PeerClient:
                         raise wire.decode_error(event["error"])
                     yield event
         except httpx.HTTPError as exc:
+            self._refused(url, exc)
             raise PeerUnavailableError(f"peer {url} stopped streaming: {exc.__class__.__name__}") from exc
         raise PeerUnavailableError(f"peer {url} ended the stream")
 

@@ -14,8 +14,10 @@ clients and peers. ``Hygiene`` adds to uvicorn's httptools protocol:
 - a **cap on open connections** per listener (``max_connections``): one more is answered ``503`` with a coded
   JSON error (``LIMIT_EXCEEDED``) and closed at once, before anything of it is read.
 
-Each refusal is counted in ``Hygiene.refused`` and logged once per reason and minute (with the client address).
-``server_config`` is where a node's uvicorn config is made with it.
+A node listens on two sockets (clients', and peers': app.http.server), each with a Hygiene of its own: a
+connection is bounded, and counted, by the one of the port it came in on. Each refusal is counted in
+``Hygiene.refused`` and logged once per reason and minute (with the client address). ``server_config`` is where
+a node's uvicorn config is made with them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +56,7 @@ class Hygiene:
     keep_alive_timeout_s: int = 5
     max_connections: int = 4_096
     refused: Counter[str] = field(default_factory=Counter)  # "headers too slow", "too many connections"
+    held: set[object] = field(default_factory=set)  # the open connections of this listener
     _logged: dict[str, float] = field(default_factory=dict)
 
     def refuse(self, reason: str, client: Any) -> None:
@@ -63,12 +67,13 @@ class Hygiene:
             self._logged[reason] = now
             log.warning("closed a connection from %s: %s (%d so far)", client, reason, self.refused[reason])
 
-    def protocol(self) -> type[HttpToolsProtocol]:
-        """Return uvicorn's httptools protocol bounded by this hygiene."""
-        hygiene = self
+    def protocol(self, by_port: Mapping[int, Hygiene] | None = None) -> type[HttpToolsProtocol]:
+        """Return uvicorn's httptools protocol bounded by this hygiene, or by by_port's for a connection that
+        came in on one of its ports."""
+        hygiene, ports = self, dict(by_port or {})
 
         class Bounded(_BoundedProtocol):
-            bounds = hygiene
+            default, by_port = hygiene, ports
 
         return Bounded
 
@@ -76,13 +81,18 @@ class Hygiene:
 class _BoundedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header deadline and a cap on open connections (see the module)."""
 
-    bounds: Hygiene
+    default: Hygiene
+    by_port: dict[int, Hygiene]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None
         self._begun = False  # a request's first bytes came, not yet its whole head
-        if len(self.connections) > self.bounds.max_connections:
+        sockname = transport.get_extra_info("sockname")
+        port = sockname[1] if isinstance(sockname, tuple) and len(sockname) > 1 else None
+        self.bounds = self.by_port.get(port, self.default)  # type: ignore[arg-type]
+        self.bounds.held.add(self)
+        if len(self.bounds.held) > self.bounds.max_connections:
             self.bounds.refuse("too many connections", self.client)
             message = f"this node holds {self.bounds.max_connections} connections (max_connections): retry later"
             transport.write(_response("503 Service Unavailable", LIMIT_EXCEEDED, message))
@@ -103,6 +113,8 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if hasattr(self, "bounds"):
+            self.bounds.held.discard(self)
         super().connection_lost(exc)
 
     def _arm(self) -> None:
@@ -125,13 +137,15 @@ class _BoundedProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def server_config(asgi: Any, hygiene: Hygiene, **options: Any) -> uvicorn.Config:
-    """Return the uvicorn config of a node's listener: its ASGI app behind hygiene's bounds."""
+def server_config(
+    asgi: Any, hygiene: Hygiene, by_port: Mapping[int, Hygiene] | None = None, **options: Any
+) -> uvicorn.Config:
+    """Return the uvicorn config of a node's listeners: its ASGI app behind hygiene's bounds (by_port's on their
+    ports)."""
+    defaults: dict[str, Any] = {"log_level": "warning", "timeout_graceful_shutdown": 10}
     return uvicorn.Config(
         asgi,
-        http=hygiene.protocol(),
+        http=hygiene.protocol(by_port),
         timeout_keep_alive=hygiene.keep_alive_timeout_s,
-        log_level="warning",
-        timeout_graceful_shutdown=10,
-        **options,
+        **(defaults | options),
     )

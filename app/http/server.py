@@ -41,9 +41,9 @@ from iqgraph.app.security.tls import peer_verify, server_options
 from iqgraph.app.settings import Settings
 from iqgraph.schema import wire
 from iqgraph.schema.access import principal_of
-from iqgraph.schema.errors import STORE_NOT_READY, ApiError
+from iqgraph.schema.errors import NOT_FOUND, STORE_NOT_READY, ApiError
 from iqgraph.schema.graphiql import graphiql_mount
-from iqgraph.schema.wire import CHANGES_PATH, FOLLOW_PATH, INTERNAL_PATH, READY_PATH
+from iqgraph.schema.wire import CHANGES_PATH, FOLLOW_PATH, HEALTH_PATH, INTERNAL_PATH, INTERNAL_PREFIX, READY_PATH
 
 if TYPE_CHECKING:
     from iqgraph.streaming.definitions import App
@@ -58,16 +58,32 @@ def build_asgi(
     raw_endpoint: bool = False,
     authenticator: Authenticator | None = None,
 ) -> Any:
-    """Return the ASGI app of a started node: graphql at /graphql for clients, internal for peers.
+    """Return the ASGI app of a started node: graphql at /graphql for clients and, with internal, the peers'
+    listener (``peer_asgi``), each request answered by the app of the port it came in on (``Listeners``).
+
+    authenticator: None makes the one the node's settings describe.
+    """
+    clients = client_asgi(node, graphql, raw_endpoint, authenticator)
+    if internal is None:
+        return clients
+    return Listeners(clients, peer_asgi(node, internal), node.settings.peer_listen_port)
+
+
+def client_asgi(
+    node: Node, graphql: Any, raw_endpoint: bool = False, authenticator: Authenticator | None = None
+) -> Any:
+    """Return the clients' listener: /graphql (POST, GET, GraphiQL, subscriptions), REST, probes, /metrics.
 
     Clients are authenticated by ``app.security.auth.AuthGate`` (with auth "none", everyone reads everything);
-    peers' sub-requests to ````wire.INTERNAL_PATH`` by their signature (``app.security.peer_auth.PeerGate``); every
-    request meets the limits of ``app.http.request_guard`` first. authenticator: None makes the one the node's
-    settings describe.
+    every request meets the limits of ``app.http.request_guard`` first. It serves no peer endpoint: a request
+    to /internal/* is a coded 404 whose body is never read beyond the clients' limit.
     """
 
     async def healthz(_: Request) -> Response:
-        return JSONResponse({"status": "alive", "node": node.settings.node_id})
+        body = {"status": "alive", "node": node.settings.node_id}
+        if node.settings.has_peers:  # where peers send sub-requests (app.cluster.peers.PeerClient resolves it)
+            body["peerUrl"] = node.settings.peer_url
+        return JSONResponse(body)
 
     async def readyz(_: Request) -> Response:
         info = None if node.local is None else node.local.node()
@@ -80,25 +96,14 @@ def build_asgi(
         return Response(await run_in_threadpool(scrape, node.metrics), media_type=CONTENT_TYPE_LATEST)
 
     routes = [
-        Route("/healthz", healthz, methods=["GET"]),
+        Route(HEALTH_PATH, healthz, methods=["GET"]),
         Route(READY_PATH, readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         graphiql_mount("/graphql"),  # GraphiQL's assets at /graphql/static (schema.graphiql)
         Route("/graphql", graphql, methods=["GET", "POST"]),
         WebSocketRoute("/graphql", graphql),  # subscriptions over graphql-transport-ws (schema.asgi)
+        Route(f"{INTERNAL_PREFIX}{{rest:path}}", _not_for_clients, methods=["GET", "HEAD", "POST", "PUT", "DELETE"]),
     ]
-    if internal is not None:
-        verifier = PeerVerifier(
-            node.settings.cluster_secret or secrets.token_bytes(32), node.settings.node_id
-        )  # none: no peer
-        gate = PeerGate(internal, verifier, node.metrics.forwarded_received, peer_body_bytes(node.settings))
-        routes.append(Route(INTERNAL_PATH, gate, methods=["POST"]))
-        live = functools.partial(_live, node)
-        for path, events in ((FOLLOW_PATH, follow_events(live)), (CHANGES_PATH, changes_events(live))):
-            stream = PeerGate(
-                StreamEndpoint(events), verifier, node.metrics.forwarded_received, peer_body_bytes(node.settings)
-            )
-            routes.append(Route(path, stream, methods=["POST"]))  # peers' live upstreams (app.live.relay)
     if node.queries is not None:
         routes += rest_routes(node.queries, graphql)  # GET /stores/{store}/keys/{key}, /top, /count (app.http.rest)
     if raw_endpoint:
@@ -107,14 +112,53 @@ def build_asgi(
         routes.append(Route("/dashboard", _page(node.app.dashboard), methods=["GET"]))
     if authenticator is None:
         authenticator = Authenticator.from_settings(node.settings)
-    peers_body = {
-        INTERNAL_PATH: peer_body_bytes(node.settings),
-        FOLLOW_PATH: peer_body_bytes(node.settings),
-        CHANGES_PATH: peer_body_bytes(node.settings),
-    }  # a batch of many lookups: more than a client's
     clients = AuthGate(Starlette(routes=routes), authenticator, websocket_init_auth=True)  # or by connection_init
-    signed = {path: verifier.admits for path in peers_body} if internal is not None else {}  # checked before bodies
-    return RequestGuard(clients, node.settings, peers_body, node.metrics.request_cut, signed)
+    return RequestGuard(clients, node.settings, {}, node.metrics.request_cut)
+
+
+async def _not_for_clients(_: Request) -> Response:
+    message = "peers' endpoints are served only on the node's peer listener (--peer-port), not to clients"
+    return JSONResponse({"errors": [{"message": message, "extensions": {"code": NOT_FOUND}}]}, status_code=404)
+
+
+def peer_asgi(node: Node, internal: Any) -> Any:
+    """Return the peers' listener: ``/internal/*`` only, nothing else.
+
+    Each request is signed (``app.security.peer_auth``): its signed head (sender, receiver, time, nonce, path,
+    the body's hash and size) is verified by ``RequestGuard`` BEFORE its body is read, and the body is then read
+    against the declared size and hash (``PeerGate``). Its own limits: a body of up to ``peer_body_bytes`` (a
+    batch of many lookups), and its own connection cap (app.http.connections).
+    """
+    settings = node.settings
+    verifier = PeerVerifier(settings.cluster_secret or secrets.token_bytes(32), settings.node_id)  # none: no peer
+    limit = peer_body_bytes(settings)
+    received = node.metrics.forwarded_received
+    live = functools.partial(_live, node)
+    routes = [
+        Route(INTERNAL_PATH, PeerGate(internal, verifier, received, limit), methods=["POST"]),
+        *(
+            Route(path, PeerGate(StreamEndpoint(events), verifier, received, limit), methods=["POST"])
+            for path, events in ((FOLLOW_PATH, follow_events(live)), (CHANGES_PATH, changes_events(live)))
+        ),  # peers' live upstreams (app.live.relay)
+    ]
+    bodies = {path: limit for path in (INTERNAL_PATH, FOLLOW_PATH, CHANGES_PATH)}
+    signed = {path: verifier.admits for path in bodies}  # checked before bodies
+    return RequestGuard(Starlette(routes=routes), settings, bodies, node.metrics.request_cut, signed)
+
+
+class Listeners:
+    """The node's ASGI app: a request (or lifespan event) goes to the peers' app when it came in on the peer
+    port, to the clients' otherwise."""
+
+    def __init__(self, clients: Any, peers: Any, peer_port: int) -> None:
+        self.clients, self.peers, self.peer_port = clients, peers, peer_port
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        server = scope.get("server")
+        if server is not None and len(server) > 1 and server[1] == self.peer_port:
+            await self.peers(scope, receive, send)
+        else:
+            await self.clients(scope, receive, send)
 
 
 def _live(node: Node) -> Live:
@@ -217,26 +261,36 @@ def serve(settings: Settings, app: App) -> int:
     tls = server_options(settings)  # its files, the CA's and the authenticator's are checked before Spark starts
     peer_verify(settings)
     authenticator = Authenticator.from_settings(settings)
-    listener = bind_listener(settings.host, settings.port)  # before Spark: it takes ports of its own
-    node = Node(settings, app)
-    progress = lambda message: print(f"iqgraph: {message}", flush=True)  # noqa: E731
+    listeners = [bind_listener(settings.host, settings.port)]  # before Spark: it takes ports of its own
     try:
+        if settings.has_peers:  # peers' sub-requests come on a listener of their own (peer_asgi)
+            listeners.append(bind_listener(settings.host, settings.peer_listen_port, "--peer-port"))
+        node = Node(settings, app)
+        progress = lambda message: print(f"iqgraph: {message}", flush=True)  # noqa: E731
         node.start(progress=progress)
     except BaseException:
-        listener.close()
+        for listener in listeners:
+            listener.close()
         raise
     node.watch_restore(progress)
     try:
-        asgi = build_asgi(node, *graphql_app(node, authenticator), settings.raw_endpoint, authenticator)
+        public, internal = graphql_app(node, authenticator)
+        asgi = build_asgi(node, public, internal if settings.has_peers else None, settings.raw_endpoint, authenticator)
         print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)
+        if settings.has_peers:
+            print(f"iqgraph: peers' listener at {settings.peer_url} (/internal/* only)", flush=True)
         print(f"iqgraph: {settings.describe_security()}", flush=True)
-        hygiene = Hygiene(settings.header_timeout_s, settings.keep_alive_timeout_s, settings.max_connections)
-        config = server_config(asgi, hygiene, **tls)  # HTTPS (app.security.tls); slow and idle sockets closed
+        hygiene = lambda: Hygiene(  # noqa: E731 - each listener bounds and counts its own connections
+            settings.header_timeout_s, settings.keep_alive_timeout_s, settings.max_connections
+        )
+        peers = {settings.peer_listen_port: hygiene()} if settings.has_peers else {}
+        config = server_config(asgi, hygiene(), peers, **tls)  # HTTPS on both (app.security.tls); slow sockets closed
         gc.collect()
         gc.freeze()  # what start-up made lives as long as the node: keep it out of the collector's full passes
-        run_until_signalled(NodeServer(config, node), listener)
+        run_until_signalled(NodeServer(config, node), listeners)
     finally:
-        listener.close()
+        for listener in listeners:
+            listener.close()
         print("iqgraph: stopping: streaming queries, stores, Spark", flush=True)
         node.stop()
     return 0
@@ -275,7 +329,7 @@ class NodeServer(uvicorn.Server):
             self.node.live.stop()
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
+def bind_listener(host: str, port: int, flag: str = "--port") -> socket.socket:
     """Return a socket bound to host:port for uvicorn to listen on; NodeStartError if the port is taken.
 
     Bound at once, before the node starts Spark: Spark's driver and its Kafka and Python connections take
@@ -289,11 +343,11 @@ def bind_listener(host: str, port: int) -> socket.socket:
         listener.bind((host, port))
     except OSError as exc:
         listener.close()
-        raise NodeStartError(f"cannot listen on {host}:{port} ({exc.strerror}): choose another --port") from None
+        raise NodeStartError(f"cannot listen on {host}:{port} ({exc.strerror}): choose another {flag}") from None
     return listener
 
 
-def run_until_signalled(server: uvicorn.Server, listener: socket.socket | None = None) -> None:
+def run_until_signalled(server: uvicorn.Server, listeners: list[socket.socket] | None = None) -> None:
     """Run server until SIGINT or SIGTERM, then return so that the caller can stop the node cleanly.
 
     uvicorn finishes in-flight requests, then re-raises the signal it caught to the handler that was
@@ -302,7 +356,7 @@ def run_until_signalled(server: uvicorn.Server, listener: socket.socket | None =
     """
     previous = {sig: signal.signal(sig, _note_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run(sockets=None if listener is None else [listener])
+        server.run(sockets=listeners)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

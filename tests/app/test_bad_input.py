@@ -61,9 +61,7 @@ def _write_app(home: Path, topic: str, bootstrap: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def node(
-    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[NodeProcess]:
+def node(broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     topic = make_topic(PARTITIONS, prefix="orders")
     generator = build_app(topic, PARTITIONS).generator
     assert generator is not None

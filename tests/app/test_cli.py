@@ -11,6 +11,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import free_port
 from tests.conftest import MakeTopic
 from tests.support.cli import iqgraph
 
@@ -61,6 +62,24 @@ def test_a_taken_port_is_one_clear_line_before_anything_starts(tmp_path: Path) -
     assert_one_line_error(result, f"cannot listen on 127.0.0.1:{port}", "choose another --port")
     assert time.monotonic() - started < 20  # no Kafka check, no Spark: the port is bound first
     assert "Spark" not in result.stdout
+    with socket.socket() as taken:  # the peers' listener's port, taken: as clear, as early
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        peer_port = taken.getsockname()[1]
+        peers = ["--peers", "http://127.0.0.1:8000", "--peer-port", str(peer_port), "--port", str(free_port())]
+        env = {"IQGRAPH_CLUSTER_SECRET": "a-test-cluster-secret"}
+        result = iqgraph("serve", "--app", "iqgraph.examples.shop:app", *peers, env=env)
+    assert_one_line_error(result, f"cannot listen on 127.0.0.1:{peer_port}", "choose another --peer-port")
+    assert "Spark" not in result.stdout
+
+
+def test_the_peer_listener_must_have_a_port_of_its_own_in_range() -> None:
+    env = {"IQGRAPH_CLUSTER_SECRET": "a-test-cluster-secret"}
+    cluster = ["serve", "--app", "iqgraph.examples.shop:app", "--peers", "http://127.0.0.1:8000"]
+    same = iqgraph(*cluster, "--port", "8000", "--peer-port", "8000", env=env)
+    assert_one_line_error(same, "peer_port 8000 is the client port", "--peer-port")
+    past = iqgraph(*cluster, "--port", "60000", env=env)  # the default, port + 10000, is past 65535
+    assert_one_line_error(past, "port 70000 (port + 10000) is out of range", "--peer-port")
 
 
 def test_bad_settings_say_what_to_fix(tmp_path: Path) -> None:

@@ -161,7 +161,8 @@ def test_scans_across_nodes_equal_the_union_without_gaps_or_duplicates(cluster: 
 
 
 def _internal(node: NodeProcess, body: bytes, headers: dict[str, str]) -> httpx.Response:
-    return httpx.post(f"{node.url}{INTERNAL_PATH}", content=body, headers=headers, timeout=30)
+    """Post to the node's peer listener (its /healthz says where)."""
+    return httpx.post(f"{node.peer_url}{INTERNAL_PATH}", content=body, headers=headers, timeout=30)
 
 
 def _signed(body: bytes, caller: Principal, secret: str = CLUSTER_SECRET, to: str = "node-1") -> dict[str, str]:
@@ -190,6 +191,11 @@ def test_only_signed_sub_requests_of_peers_reach_the_internal_endpoint(cluster: 
     )
     everyone = Principal("tester", None)
     headers = _signed(body, everyone)
+    # the clients' listener serves no peer endpoint, even to a signed request: peers have a listener of their own
+    on_client_port = httpx.post(f"{nodes[1].url}{INTERNAL_PATH}", content=body, headers=headers, timeout=30)
+    assert on_client_port.status_code == 404, on_client_port.text
+    assert on_client_port.json()["errors"][0]["extensions"]["code"] == "NOT_FOUND"
+    assert nodes[1].peer_url != nodes[1].url
     answered = _internal(nodes[1], body, headers)
     [result] = answered.json()["data"]["_lookup"]["results"]
     assert answered.status_code == 200 and result == truth.kv["order_count"][key]  # a count's state is the count

@@ -13,11 +13,14 @@ from collections.abc import Iterator
 import httpx
 import orjson
 import pytest
+import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from iqgraph.app.http.connections import Hygiene, server_config
+from iqgraph.app.http.server import bind_listener
+from iqgraph.streaming.broker import free_port
 from tests.support.servers import serve_in_thread
 
 HEADER_TIMEOUT_S = 1.0
@@ -127,3 +130,37 @@ def test_a_late_head_gets_408_and_one_connection_past_the_cap_gets_503() -> None
             for sock in held:
                 sock.close()
     assert hygiene.refused["too many connections"] == 1
+
+
+def test_each_listener_caps_its_own_connections() -> None:
+    """A node's two listeners (clients', peers') in one uvicorn, each bounded by the Hygiene of its port: a full
+    peers' listener refuses the next peer while clients are still served, and the other way round."""
+    clients, peers = (Hygiene(HEADER_TIMEOUT_S, KEEP_ALIVE_S, max_connections=8) for _ in range(2))
+    sockets = [bind_listener("127.0.0.1", free_port()) for _ in range(2)]
+    client_port, peer_port = (s.getsockname()[1] for s in sockets)
+    server = uvicorn.Server(server_config(APP, clients, {peer_port: peers}, log_level="error"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        for full, other in (((("127.0.0.1", peer_port)), ("127.0.0.1", client_port)),
+                            ((("127.0.0.1", client_port)), ("127.0.0.1", peer_port))):  # fmt: skip
+            held = [_connect(full) for _ in range(8)]
+            try:
+                time.sleep(0.2)  # the server has accepted them all
+                with socket.create_connection(full, timeout=5) as extra:
+                    assert extra.recv(65536).startswith(b"HTTP/1.1 503")
+                assert httpx.get(f"http://{other[0]}:{other[1]}/", timeout=5).json() == {"hello": "world"}
+            finally:
+                for sock in held:
+                    sock.close()
+            time.sleep(0.2)  # closed on the server's side too
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        for sock in sockets:
+            sock.close()
+    assert peers.refused["too many connections"] == 1 and clients.refused["too many connections"] == 1
+    assert not peers.held and not clients.held

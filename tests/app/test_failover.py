@@ -411,6 +411,8 @@ def test_watches_share_one_upstream_per_peer_and_the_top_follows_through_any_nod
     assert top.tops[-1] == run.nodes[1].post(query)["data"]["topCustomers"]["top"]
     assert len(top.tops) > 1 and all(a != b for a, b in itertools.pairwise(top.tops))  # sent when it changed only
     for path in ("/internal/follow", "/internal/changes"):
-        refused = httpx.post(f"{run.nodes[0].url}{path}", content=b"{}", headers={"accept": "text/event-stream"})
+        refused = httpx.post(f"{run.nodes[0].peer_url}{path}", content=b"{}", headers={"accept": "text/event-stream"})
         assert refused.status_code == 401, (path, refused.status_code, refused.text[:200])
+        absent = httpx.post(f"{run.nodes[0].url}{path}", content=b"{}", headers={"accept": "text/event-stream"})
+        assert absent.status_code == 404, (path, absent.status_code, absent.text[:200])  # not on the clients' port
     print(f"\nlive: node-1 had {run.upstreams:.0f} upstreams for {watches} watches; {len(top.tops)} tops followed")

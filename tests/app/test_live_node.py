@@ -45,9 +45,7 @@ def order(i: int, key: str) -> tuple[bytes, bytes, None]:
     return key.encode(), orjson.dumps({**value, "ts": "2026-01-01T00:00:00.000Z"}), None
 
 
-def test_produced_orders_reach_a_subscriber_in_offset_order(
-    node: tuple[NodeProcess, str], broker: KafkaBroker
-) -> None:
+def test_produced_orders_reach_a_subscriber_in_offset_order(node: tuple[NodeProcess, str], broker: KafkaBroker) -> None:
     served, topic = node
     with websocket(served.url.removeprefix("http://")) as raw:
         ws = TransportWS(raw)

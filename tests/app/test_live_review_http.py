@@ -27,7 +27,7 @@ from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.wire import CHANGES_PATH, INTERNAL_PATH
 from iqgraph.streaming.change_feed import ChangeFeed
 from tests.support.live_shop import LiveShop, open_live_shop
-from tests.support.servers import serve_in_thread
+from tests.support.servers import peer_healthz, serve_in_thread
 
 SECRET = "review-cluster-secret-0123456789abcdef"  # noqa: S105 - a test cluster's
 
@@ -43,6 +43,7 @@ def node_a(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Live
     routes = [
         Route(CHANGES_PATH, PeerGate(StreamEndpoint(changes_events(lambda: shop.live)), verifier), methods=["POST"]),
         Route(INTERNAL_PATH, PeerGate(_internal, verifier), methods=["POST"]),
+        peer_healthz(),
     ]
     with serve_in_thread(Starlette(routes=routes), log_level="warning") as url:
         yield url, shop

@@ -335,9 +335,14 @@ class _Router:
         self.internal: dict[str, Any] = {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from starlette.responses import JSONResponse
+
         from iqgraph.schema.wire import INTERNAL_PATH
 
         host = dict(scope["headers"]).get(b"host", b"").decode()
+        if scope["path"] == "/healthz":  # a node's peer listener is the same host here
+            await JSONResponse({"peerUrl": f"http://{host}"})(scope, receive, send)
+            return
         apps = self.internal if scope["path"] == INTERNAL_PATH else self.apps
         await apps[host](scope, receive, send)
 

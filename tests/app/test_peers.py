@@ -19,7 +19,7 @@ from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.types import Answer
 from iqgraph.schema.wire import INTERNAL_PATH
 from iqgraph.streaming.broker import free_port
-from tests.support.servers import serve_in_thread
+from tests.support.servers import peer_healthz, serve_in_thread
 
 SEEN: list[dict[str, Any]] = []
 
@@ -59,7 +59,7 @@ async def graphql(request: Request) -> JSONResponse:
 
 @pytest.fixture(scope="module")
 def peer_url() -> Iterator[str]:
-    with serve_in_thread(Starlette(routes=[Route(INTERNAL_PATH, graphql, methods=["POST"])])) as url:
+    with serve_in_thread(Starlette(routes=[Route(INTERNAL_PATH, graphql, methods=["POST"]), peer_healthz()])) as url:
         yield url
 
 

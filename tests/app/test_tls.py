@@ -316,13 +316,19 @@ def test_a_client_trusting_the_test_ca_reads_forwarded_keys_over_https_equal_to_
 
 
 @pytest.mark.slow
-def test_clients_without_the_ca_and_plain_http_are_refused(tls_cluster: TlsCluster) -> None:
+def test_clients_without_the_ca_and_plain_http_are_refused_on_both_listeners(tls_cluster: TlsCluster) -> None:
     url = tls_cluster.nodes[0].url
-    for client in (httpx.Client(), tls_cluster.pki.client(tls_cluster.pki.other_ca)):
-        with client, pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-            client.get(f"{url}/readyz")
-    with pytest.raises(httpx.TransportError):
-        httpx.get(f"{url.replace('https:', 'http:')}/readyz", timeout=5)
+    with tls_cluster.pki.client() as trusted:
+        peer_url = trusted.get(f"{url}/healthz").json()["peerUrl"]  # the peers' listener: HTTPS as well
+        assert peer_url.startswith("https://127.0.0.1:") and peer_url != url
+        unsigned = trusted.post(f"{peer_url}/internal/graphql", json={"query": "{ node { id } }"})
+        assert unsigned.status_code == 401  # reached over HTTPS with the CA; refused for lack of a signature
+    for address, path in ((url, "/readyz"), (peer_url, "/internal/graphql")):
+        for client in (httpx.Client(), tls_cluster.pki.client(tls_cluster.pki.other_ca)):
+            with client, pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                client.post(f"{address}{path}")
+        with pytest.raises(httpx.TransportError):
+            httpx.post(f"{address.replace('https:', 'http:')}{path}", timeout=5)
 
 
 @pytest.mark.slow

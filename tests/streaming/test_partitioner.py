@@ -45,9 +45,7 @@ def test_partition_for_agrees_with_librdkafka(
     broker: KafkaBroker, make_topic: MakeTopic, librdkafka: str, ours: str
 ) -> None:
     topic = make_topic(PARTITIONS, prefix="route")
-    producer = Producer(
-        {**BATCHING, "bootstrap.servers": broker.bootstrap_servers, "partitioner": librdkafka}
-    )
+    producer = Producer({**BATCHING, "bootstrap.servers": broker.bootstrap_servers, "partitioner": librdkafka})
     landed: dict[str, int] = {}
 
     def delivered(error: object, message: object) -> None:

@@ -69,6 +69,12 @@ class NodeProcess:
     def metrics(self) -> Scrape:
         return scrape(self.url)
 
+    @property
+    def peer_url(self) -> str:
+        """Return where the node's peer listener is, as its /healthz tells peers."""
+        url: str = httpx.get(f"{self.url}/healthz", timeout=10).json()["peerUrl"]
+        return url
+
     def kill(self, timeout: float = 60) -> None:
         """Kill the node (SIGKILL) and wait until it has exited."""
         if self.process.poll() is None:
@@ -131,6 +137,8 @@ def start_node(
         "--node-id", node_id, "--state-dir", str(home / f"state-{node_id}"),
         "--spark-master", "local[1]", "--driver-memory", "768m", *flags,
     ]  # fmt: skip
+    if "--peer-port" not in flags:  # the test's free ports are ephemeral ones: + 10000 may be past 65535
+        node_flags += ["--peer-port", str(free_port())]
     node_env = {"IQGRAPH_CLUSTER_SECRET": CLUSTER_SECRET, **(env or {})}
     log = home / f"{node_id}.log"
     return start_serve(home, module, port, node_flags, log=log, node_id=node_id, env=node_env, headers=headers)

@@ -43,3 +43,17 @@ def serve_in_thread(
         thread.join(deadline_s)
     if thread.is_alive():
         raise AssertionError(f"uvicorn for {url} did not stop within {deadline_s} s")
+
+
+async def _healthz(request: Any) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"status": "alive", "peerUrl": str(request.base_url).rstrip("/")})
+
+
+#: A stand-in peer's /healthz: its peer listener is itself (a node's is another port: app.http.server.peer_asgi).
+def peer_healthz() -> Any:
+    """Return the route telling a PeerClient that the stand-in serving it takes sub-requests at its own URL."""
+    from starlette.routing import Route
+
+    return Route("/healthz", _healthz, methods=["GET"])
