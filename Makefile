@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench-stores bench-ingest check-java check-chromium install clean
+.PHONY: demo test lint typecheck bench-stores bench-ingest check-java check-chromium check-node install clean
 
 # pip runs through app/dev/pip_install.py: a line per download of 1 MB or more (the rest summed), its progress, the
 # time it took, and pip's warnings and errors as they are; not pip's page of "Collecting" lines.
@@ -43,10 +43,29 @@ check-chromium:
 	  fi; \
 	fi
 
+# The tests that run the JavaScript clients users run (tests/js: the GraphQL over HTTP audit, graphql-http) need
+# node and npm (Debian's, installed here when missing) and the locked packages (npm ci, again when the lock changes).
+JS := tests/js
+JS_STAMP := $(JS)/node_modules/.package-lock.json
+
+check-node:
+	@if ! command -v npm >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing node and npm for the JavaScript clients' tests (apt-get install nodejs npm)"; \
+	    apt-get update -q >/dev/null && apt-get install -y -q nodejs npm >/dev/null; \
+	  else \
+	    echo "node and npm are missing: install them (apt-get install nodejs npm) for the JavaScript clients' tests"; \
+	    exit 1; \
+	  fi; \
+	fi
+
+$(JS_STAMP): $(JS)/package.json $(JS)/package-lock.json | check-node
+	npm ci --prefix $(JS) --no-audit --no-fund --loglevel=error
+
 demo: install check-java
 	$(BIN)/iqgraph demo
 
-test: install check-java check-chromium
+test: install check-java check-chromium $(JS_STAMP)
 	$(BIN)/python -m pytest -q --durations=12  # the slowest tests: the CI budget is watched
 
 lint: install typecheck
@@ -71,7 +90,7 @@ bench-ingest: install check-java
 	$(BIN)/python bench/ingest.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info $(JS)/node_modules
 
 # GraphQL point lookups beside the raw endpoint, and getMany latency (docs/benchmarks.md). wrk is the load
 # client when present; as root it is installed with apt-get, otherwise the bench uses its Python client.

@@ -1,16 +1,17 @@
 """The GraphQL over HTTP spec's rules: media types, Accept negotiation, well-formed requests, status codes.
 
-Followed: the graphql-over-http draft (spec/GraphQLOverHTTP.md as of August 2026, commit e1e46e7). It
-changed in 2026: ``application/json`` responses lost their "always 200" section, validation failures
-moved from 400 to 422, and a partial success became 294. What this module does, rule by rule:
+Followed: the graphql-over-http draft (spec/GraphQLOverHTTP.md as of August 2026, commit e1e46e7), and
+where the GraphQL foundation's own audit (npm graphql-http 1.23's ``serverAudits``, run by
+tests/schema/test_http_audit.py: no error, no warning) asks for a SHOULD the draft leaves open or words
+otherwise, the audit — what the clients' ecosystem tests servers with. What this module does, rule by rule:
 
 Response media type (``negotiate``)
-    ``application/graphql-response+json`` is the spec's response type and our default: with no
-    ``Accept`` (the spec lets the server choose) and for ``*/*``. Otherwise the acceptable type of
-    highest q wins; ties go to the more specific range, then to graphql-response+json. A client that
-    accepts only ``application/json`` (a *legacy client*) gets the same status codes, and its 2xx
-    responses are labelled ``application/json``. An ``Accept`` that allows neither type is 406.
-    Every response says ``; charset=utf-8``.
+    ``application/graphql-response+json`` is the spec's response type, chosen whenever a client names it
+    (at the highest q; ties between named types go to it). With no ``Accept``, or one that only matches
+    through a wildcard (``*/*``, ``application/*``), the answer is ``application/json``: such a client
+    may be anything, and every JSON client reads it (audits 47DE, 80D8). A client that accepts only
+    ``application/json`` is a *legacy client* (see the status codes). An ``Accept`` that allows neither
+    type is 406. Every response says ``; charset=utf-8``.
 
 Request (``graphql_request``, ``query_params``, ``decode_body``, ``check_content_type``)
     POST needs ``Content-Type: application/json`` in UTF-8 (415 otherwise, also when missing); a
@@ -20,12 +21,19 @@ Request (``graphql_request``, ``query_params``, ``decode_body``, ``check_content
     absent; unknown properties are ignored. There are no batches.
 
 Status of a GraphQL response (``response_status``)
-    data without errors: 200; data (even null) with errors, i.e. field errors: 294, or 200 for a
-    legacy client (the spec recommends 294 only with graphql-response+json); no data entry (a request
-    error: nothing was executed): 400 for a document that does not parse, 500 for a masked INTERNAL
-    error, 422 for the rest (validation, variable coercion, an operation that cannot be determined).
+    data without errors: 200; data (even null) with errors, i.e. field errors: 294 with
+    graphql-response+json, 200 with application/json. No data entry (a request error: the document does
+    not parse or validate, or its variables do not coerce; nothing was executed): 500 for a masked
+    INTERNAL error; otherwise 400 with graphql-response+json (the audit's 556A, 74FF, 86EE — the August
+    draft moved validation and coercion to 422; the audit, the spec's earlier text and most servers keep
+    400), and 200 with application/json (a legacy client, which may not read a 4xx body as GraphQL: the
+    audit's 572B, FDE2, 7B9B, the spec's earlier "application/json" section), its errors in the body.
     A mutation or subscription over GET is 405 with ``Allow: POST``, decided from query and
     operationName before validation, as the spec's GET section says; another method is 405 too.
+    Refusals before a GraphQL request exists (``RequestError``: 400 body not JSON, 415, 422 not a
+    well-formed request or no operation to run, 405, 406, 413, 431, 504) keep their status whatever the
+    Accept; the audit's notices ("MAY use 400 if parameters are invalid") are MAYs the draft answers
+    with 422.
 
 Limits (``headers_too_large``, ``body_too_large``, ``timed_out``: the refusals app.http.request_guard sends)
     a request line and headers over ``max_header_bytes``: 431; a body over ``max_body_bytes``: 413
@@ -44,7 +52,7 @@ from cross_web import HTTPException
 from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.types import ExecutionResult
 
-from iqgraph.schema.errors import BAD_REQUEST, GRAPHQL_PARSE_FAILED, INTERNAL, LIMIT_EXCEEDED, TIMEOUT
+from iqgraph.schema.errors import BAD_REQUEST, INTERNAL, LIMIT_EXCEEDED, TIMEOUT
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 JSON = "application/json"
@@ -90,10 +98,17 @@ def _quality(media: str, ranges: Sequence[tuple[str, float]]) -> tuple[float, in
 def negotiate(accept: str | None) -> str | None:
     """Return the media type to answer an Accept header with; None when it accepts none we serve."""
     if accept is None or not accept.strip():
-        return GRAPHQL_RESPONSE
+        return JSON
     ranges = [r for r in map(_media_range, accept.split(",")) if r is not None]
-    q, _, _, media = max((*_quality(m, ranges), -rank, m) for rank, m in enumerate(SUPPORTED))
+    q, _, _, media = max((*_quality(m, ranges), _preferred(m, ranges), m) for m in SUPPORTED)
     return media if q > 0 else None
+
+
+def _preferred(media: str, ranges: Sequence[tuple[str, float]]) -> int:
+    """Return the rank of media among equals: the spec's type when named, plain JSON when only a wildcard
+    matched (a client that names neither may be anything: every JSON client reads application/json)."""
+    named = any(r == GRAPHQL_RESPONSE for r, _ in ranges)
+    return int(media == (GRAPHQL_RESPONSE if named else JSON))
 
 
 def not_acceptable(accept: str) -> RequestError:
@@ -179,7 +194,9 @@ def response_status(response: GraphQLHTTPResponse, media_type: str) -> int:
     """Return the status of a GraphQL response (a request error has no data entry)."""
     if "data" not in response:
         codes = {(e.get("extensions") or {}).get("code") for e in response.get("errors") or () if isinstance(e, dict)}
-        return 500 if INTERNAL in codes else 400 if GRAPHQL_PARSE_FAILED in codes else 422
+        if INTERNAL in codes:
+            return 500
+        return 200 if media_type == JSON else 400  # a legacy client: the errors are in the body (see the module)
     if response.get("errors"):
         return PARTIAL_SUCCESS if media_type == GRAPHQL_RESPONSE else 200
     return 200

@@ -24,7 +24,7 @@ REFUSED: list[tuple[str, dict[str, Any], int]] = [
     ("POST", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 400),
     ("POST", {"json": ["not", "an", "object"]}, 422),
     ("POST", {"json": {"query": "{ orderCount {"}}, 400),
-    ("POST", {"json": {"query": "{ nope }"}}, 422),
+    ("POST", {"json": {"query": "{ nope }"}}, 400),
     ("POST", {"content": QUERY.encode(), "headers": {"content-type": "application/graphql"}}, 415),
     ("PUT", {"json": {"query": QUERY}}, 405),
     ("GET", {"params": {"query": "mutation { x }"}}, 405),
@@ -69,13 +69,15 @@ async def test_server_supports_graphql_response_json(http: httpx.AsyncClient) ->
     assert response.json() == {"data": {"node": {"id": "node-0"}}}
 
 
-async def test_no_accept_header_gets_the_servers_choice(http: httpx.AsyncClient) -> None:
-    """If a client does not supply the `Accept` header then the server may respond with ... any content type it chooses."""  # noqa: E501
+async def test_no_accept_header_or_only_a_wildcard_gets_application_json(http: httpx.AsyncClient) -> None:
+    """If a client does not supply the `Accept` header then the server may respond with ... any content type it chooses.
+    graphql-http's audit: SHOULD assume application/json when accept is missing (80D8), and use it for */* (47DE)."""  # noqa: E501
     request = http.build_request("POST", "/graphql", json={"query": QUERY})
     del request.headers["accept"]
-    assert (await http.send(request)).headers["content-type"] == GRAPHQL_RESPONSE
-    anything = await post(http, {"query": QUERY}, accept="*/*")
-    assert anything.status_code == 200 and anything.headers["content-type"] == GRAPHQL_RESPONSE
+    assert (await http.send(request)).headers["content-type"] == JSON
+    for accept in ("*/*", "application/*"):
+        anything = await post(http, {"query": QUERY}, accept=accept)
+        assert anything.status_code == 200 and anything.headers["content-type"] == JSON
 
 
 @pytest.mark.parametrize(
@@ -106,10 +108,24 @@ async def test_legacy_client_gets_application_json_on_2xx(http: httpx.AsyncClien
     assert partial.json()["errors"][0]["extensions"]["code"] == "LIMIT_EXCEEDED"
 
 
-async def test_legacy_client_gets_the_specs_status_codes(http: httpx.AsyncClient) -> None:
-    """The request SHOULD be performed ... as if the request had specified `Accept: application/graphql-response+json`."""  # noqa: E501
-    response = await post(http, {"query": "{ nope }"}, accept="application/json")
-    assert_refused(response, 422, "GRAPHQL_VALIDATION_FAILED")
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"query": "{ orderCount {"}, "GRAPHQL_PARSE_FAILED"),
+        ({"query": "{ nope }"}, "GRAPHQL_VALIDATION_FAILED"),
+        ({"query": "query($k: String!) { orderCount { get(key: $k) } }", "variables": {"k": 5}},
+         "GRAPHQL_VALIDATION_FAILED"),
+    ],
+)  # fmt: skip
+async def test_legacy_client_gets_200_with_the_request_errors_in_the_body(
+    http: httpx.AsyncClient, body: dict[str, Any], code: str
+) -> None:
+    """graphql-http's audit: SHOULD use 200 on document parsing (572B), validation (FDE2) and variable coercion
+    (7B9B) failure when accepting application/json — a legacy client may not read a 4xx body as GraphQL."""
+    response = await post(http, body, accept="application/json")
+    assert response.status_code == 200 and response.headers["content-type"] == JSON, response.text
+    answer = response.json()
+    assert "data" not in answer and answer["errors"][0]["extensions"]["code"] == code
 
 
 @pytest.mark.parametrize("accept", ["text/plain", "application/xml, application/graphql-response+json;q=0", "nonsense"])
@@ -150,10 +166,11 @@ async def test_document_that_does_not_parse_is_400(http: httpx.AsyncClient) -> N
     assert_refused(await http.get("/graphql", params={"query": ""}), 400, "GRAPHQL_PARSE_FAILED")
 
 
-async def test_document_that_fails_validation_is_422(http: httpx.AsyncClient) -> None:
-    """If the request does not pass GraphQL validation, status code `422` SHOULD be used."""
-    assert_refused(await post(http, {"query": "{ nope }"}), 422, "GRAPHQL_VALIDATION_FAILED")
-    assert_refused(await post(http, {"query": "mutation { x }"}), 422, "GRAPHQL_VALIDATION_FAILED")
+async def test_document_that_fails_validation_is_400(http: httpx.AsyncClient) -> None:
+    """The August 2026 draft: "If the request does not pass GraphQL validation, status code `422` SHOULD be used";
+    graphql-http's audit (74FF, 86EE) and the spec's earlier text: 400 (schema.http_spec says why)."""
+    assert_refused(await post(http, {"query": "{ nope }"}), 400, "GRAPHQL_VALIDATION_FAILED")
+    assert_refused(await post(http, {"query": "mutation { x }"}), 400, "GRAPHQL_VALIDATION_FAILED")
 
 
 async def test_operation_that_cannot_be_determined_is_422(http: httpx.AsyncClient) -> None:
@@ -163,10 +180,11 @@ async def test_operation_that_cannot_be_determined_is_422(http: httpx.AsyncClien
 
 
 @pytest.mark.parametrize("variables", [{}, {"k": 5}])
-async def test_variables_that_cannot_be_coerced_are_422(http: httpx.AsyncClient, variables: dict[str, Any]) -> None:
-    """If the variable values cannot be coerced to match the operation's variable definitions, status code `422` SHOULD be used."""  # noqa: E501
+async def test_variables_that_cannot_be_coerced_are_400(http: httpx.AsyncClient, variables: dict[str, Any]) -> None:
+    """graphql-http's audit 86EE: SHOULD use a status code of 400 on variable coercion failure when accepting
+    application/graphql-response+json (the August 2026 draft says 422)."""
     body = {"query": "query($k: String!) { orderCount { get(key: $k) } }", "variables": variables}
-    assert_refused(await post(http, body), 422, "GRAPHQL_VALIDATION_FAILED")
+    assert_refused(await post(http, body), 400, "GRAPHQL_VALIDATION_FAILED")
 
 
 # Methods
