@@ -117,6 +117,17 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     security.add_argument(
         "--introspection", choices=["true", "false"], help="whether the schema can be introspected (default true)"
     )
+    security.add_argument(
+        "--trusted-documents",
+        type=Path,
+        help="JSON manifest of {sha256: document} (GraphQL Code Generator, Relay, Apollo): clients send documentId",
+    )
+    security.add_argument(
+        "--only-trusted-documents",
+        action="store_true",
+        default=None,
+        help="run no document but the trusted ones (production lock-down; GraphiQL then runs only those)",
+    )
     security.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate chain (PEM)")
     security.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
     security.add_argument("--tls-ca", type=Path, help="CA bundle to verify peers' certificates (PEM)")

@@ -99,6 +99,10 @@ class Settings:
     scope_claim: str = "scope"  # the claim holding the caller's scopes: read:<store>, read:*
     api_keys: Path | None = None  # TOML: [keys.<name>] sha256 = "<hex of the key's SHA-256>", scopes = [...]
     introspection: bool = True  # false: the schema cannot be introspected (GraphiQL, codegen need it)
+    # trusted documents (schema.persisted): a manifest of {sha256: document} loaded and compiled at start;
+    # with only_trusted_documents no other document runs (README "Production clients")
+    trusted_documents: Path | None = None
+    only_trusted_documents: bool = False
     cluster_secret: str | None = None  # peers sign sub-requests with it (required with peers or kafka)
     tls_cert: Path | None = None  # serve HTTPS with this certificate chain (PEM) ...
     tls_key: Path | None = None  # ... and its private key (PEM)
@@ -219,6 +223,10 @@ class Settings:
             raise SettingsError(
                 f"{ENV_PREFIX}CLUSTER_SECRET is docker-compose.yml's example: with auth on, anyone could sign as a "
                 "peer; set your own (e.g. in .env: openssl rand -base64 32)"
+            )
+        if self.only_trusted_documents and self.trusted_documents is None:
+            raise SettingsError(
+                "only_trusted_documents needs the manifest of the documents to trust: --trusted-documents FILE"
             )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError("TLS needs both a certificate and its key: --tls-cert and --tls-key")

@@ -45,6 +45,7 @@ from iqgraph.schema.errors import GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILE
 from iqgraph.schema.graphiql import graphiql_html
 from iqgraph.schema.internal import answer_lookups, lookup_fields
 from iqgraph.schema.limits import Limits
+from iqgraph.schema.persisted import PersistedDocuments
 from iqgraph.schema.wire import encode_json
 
 if TYPE_CHECKING:
@@ -96,13 +97,22 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
     """graphql-transport-ws; an operation past the connection's limit is refused with a coded error."""
 
     async def handle_subscribe(self, message: SubscribeMessage) -> None:
-        """Start an operation, or refuse it with LIMIT_EXCEEDED when the connection runs as many as it may."""
+        """Start an operation, or refuse it with LIMIT_EXCEEDED when the connection runs as many as it may; one
+        naming its document (``schema.persisted``) runs that document, or is refused with its code."""
         limit = self.max_subscriptions_per_connection
         running = len(self.operations)
         if self.connection_acknowledged and limit is not None and running >= limit:
             error = limit_exceeded("operations on one connection", limit, running + 1)
             await self.send_message({"id": message["id"], "type": "error", "payload": [error.formatted]})
             return
+        if self.connection_acknowledged and isinstance(self.view, GraphQLApp):
+            try:
+                payload = self.view.documents.resolve(message["payload"])
+            except http_spec.RequestError as exc:
+                error = {"message": exc.reason, "extensions": {"code": exc.code}}
+                await self.send_message({"id": message["id"], "type": "error", "payload": [error]})
+                return
+            message = {**message, "payload": payload}  # type: ignore[typeddict-item]
         await super().handle_subscribe(message)
 
     def forget_id(self, id: str) -> None:  # noqa: A002 - Strawberry's name
@@ -138,6 +148,7 @@ class GraphQLApp(GraphQL[Context, None]):
         require_principal: bool = False,
         live: LiveQueries | None = None,
         connection_auth: ConnectionAuth | None = None,
+        documents: PersistedDocuments | None = None,
         **options: Any,
     ) -> None:
         if live is not None:  # what subscriptions follow: over graphql-transport-ws and SSE
@@ -150,6 +161,8 @@ class GraphQLApp(GraphQL[Context, None]):
         self._live = live
         self._connection_auth = connection_auth
         self._anonymous = NOBODY if require_principal else ANONYMOUS
+        #: documents requests may name by their hash: trusted ones, and APQ's (schema.persisted)
+        self.documents = documents or PersistedDocuments()
 
     def principal(self, request: Any) -> Principal:
         """Return the caller of request, as the ASGI wrappers authenticated it."""
@@ -193,9 +206,9 @@ class GraphQLApp(GraphQL[Context, None]):
     async def parse_http_body(self, request: AsyncHTTPRequestAdapter) -> GraphQLRequestData:
         """Return the GraphQL-over-HTTP request of a GET's query string or a POST's JSON body (SSE: to stream)."""
         if request.method == "GET":
-            return http_spec.graphql_request(http_spec.query_params(request.query_params))
+            return http_spec.graphql_request(self.documents.resolve(http_spec.query_params(request.query_params)))
         http_spec.check_content_type(request.content_type)
-        data = http_spec.graphql_request(http_spec.decode_body(await request.get_body()))
+        data = http_spec.graphql_request(self.documents.resolve(http_spec.decode_body(await request.get_body())))
         if self.streams(request.headers):
             data.protocol = "sse"
         return data
@@ -287,10 +300,10 @@ class GraphQLApp(GraphQL[Context, None]):
             if request.method == "GET":
                 if self.should_render_graphql_ide(StarletteRequestAdapter(request)):
                     return None
-                data = http_spec.graphql_request(http_spec.query_params(request.query_params))
+                data = http_spec.graphql_request(self.documents.resolve(http_spec.query_params(request.query_params)))
             else:
                 http_spec.check_content_type(request.headers.get("content-type"))
-                data = http_spec.graphql_request(http_spec.decode_body(await request.body()))
+                data = http_spec.graphql_request(self.documents.resolve(http_spec.decode_body(await request.body())))
         except HTTPException:
             return None
         sub_response = _sub_response(media_type)  # what get_sub_response gives for a media type Accept chose

@@ -61,7 +61,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import strawberry
-from graphql import ASTValidationRule, GraphQLError, NoSchemaIntrospectionCustomRule
+from graphql import (
+    ASTValidationRule,
+    GraphQLError,
+    GraphQLSyntaxError,
+    NoSchemaIntrospectionCustomRule,
+    OperationDefinitionNode,
+    parse,
+    specified_rules,
+    validate,
+)
 from strawberry.extensions import SchemaExtension
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext, ExecutionResult
@@ -91,6 +100,7 @@ from iqgraph.schema.metadata import METADATA_FIELDS, METADATA_TYPES, metadata_fi
 from iqgraph.schema.metrics import GraphQLMetrics, MetricsExtension
 from iqgraph.schema.naming import TypeNames, camel_case, pascal_case
 from iqgraph.schema.owner_fields import call_field, owner_root_fields
+from iqgraph.schema.persisted import PersistedDocuments
 from iqgraph.schema.ranking_fields import RankingEntry, ranking_entry, ranking_type
 from iqgraph.schema.reports import ClusterReports
 from iqgraph.schema.resolving import MAX_LAG, StorePlan, StoreScope, checked_bound
@@ -192,6 +202,26 @@ class IqGraphSchema(strawberry.Schema):
         if coerced is None:
             return None
         return _finished(await run_compiled(plan, context, variables, coerced, extensions, self.request_metrics))
+
+    def trust(self, documents: PersistedDocuments) -> None:
+        """Validate the trusted documents against this schema, with its limits (ManifestError naming one that
+        does not validate), and compile their plans once, kept for the schema's life."""
+        rules = self.compiled.rules if self.compiled is not None else specified_rules
+        documents.check(lambda document: self._errors_of(document, rules), self._pin)
+
+    def _errors_of(self, document: str, rules: Any) -> list[str]:
+        try:
+            ast = parse(document)
+        except GraphQLSyntaxError as exc:
+            return [exc.message]
+        return [error.message for error in validate(self._schema, ast, rules)]
+
+    def _pin(self, document: str) -> None:
+        if self.compiled is None:
+            return
+        operations = [d for d in parse(document).definitions if isinstance(d, OperationDefinitionNode)]
+        names = [d.name.value if d.name else None for d in operations]
+        self.compiled.pin(document, {None, *names} if len(names) == 1 else set(names))
 
     def process_errors(self, errors: list[GraphQLError], execution_context: ExecutionContext | None = None) -> None:
         """Log the errors of one request (before ErrorCodes masks them)."""

@@ -571,12 +571,22 @@ class CompiledQueries:
         self.rules = [*bounded(specified_rules), *rules]
         self.max_tokens = max_tokens
         self._plans: DocumentCache[CompiledQuery | None] = DocumentCache(maxsize)
+        self._pinned: dict[tuple[str, str | None], CompiledQuery | None] = {}  # trusted documents' (pin)
 
     def plan(self, query: str, operation_name: str | None) -> CompiledQuery | None:
         """Return the plan of a document's operation, or None when it must run on graphql-core."""
+        key = (query, operation_name)
+        if key in self._pinned:
+            return self._pinned[key]
         if len(query) > self._plans.max_chars:
             return None
-        return self._plans.get((query, operation_name), len(query), lambda: self._compile(query, operation_name))
+        return self._plans.get(key, len(query), lambda: self._compile(query, operation_name))
+
+    def pin(self, query: str, operation_names: Collection[str | None]) -> None:
+        """Compile the plans of a document's operations now, and keep them for the schema's life (a trusted
+        document's: schema.persisted)."""
+        for name in operation_names:
+            self._pinned[(query, name)] = self._compile(query, name)
 
     def _compile(self, query: str, operation_name: str | None) -> CompiledQuery | None:
         try:

@@ -27,7 +27,9 @@ Expected failures are ApiErrors, most of them translated from the stores excepti
                                                              longer; one that raised is INTERNAL)
     the REST path (app.rest)             NOT_FOUND          (404: the store has no such key)
 
-An HTTP request that is not GraphQL (body not JSON, no query) is ``BAD_REQUEST`` (schema.asgi).
+An HTTP request that is not GraphQL (body not JSON, no query) is ``BAD_REQUEST`` (schema.asgi). A request naming
+a document the node does not know is ``PERSISTED_QUERY_NOT_FOUND``, one sending a document a node that runs
+trusted documents only does not trust ``TRUSTED_DOCUMENT_REQUIRED`` (schema.persisted).
 Errors found before execution keep graphql-core's message and get ``GRAPHQL_PARSE_FAILED`` (syntax)
 or ``GRAPHQL_VALIDATION_FAILED`` (unknown field, wrong argument type, bad variable…). Any other
 exception raised while resolving becomes ``{"message": "Internal error…", "extensions": {"code":
@@ -91,6 +93,8 @@ GRAPHQL_PARSE_FAILED = "GRAPHQL_PARSE_FAILED"
 GRAPHQL_VALIDATION_FAILED = "GRAPHQL_VALIDATION_FAILED"
 BAD_REQUEST = "BAD_REQUEST"
 UNAUTHENTICATED = "UNAUTHENTICATED"
+PERSISTED_QUERY_NOT_FOUND = "PERSISTED_QUERY_NOT_FOUND"  # a hash or documentId the node does not know
+TRUSTED_DOCUMENT_REQUIRED = "TRUSTED_DOCUMENT_REQUIRED"  # --only-trusted-documents: any other document
 FORBIDDEN = "FORBIDDEN"
 INTERNAL_MESSAGE = "Internal error; the server has logged the details."
 
@@ -141,6 +145,8 @@ CODES: Mapping[str, CodeProperties] = MappingProxyType(
         GRAPHQL_PARSE_FAILED: CodeProperties(http_status=400),
         GRAPHQL_VALIDATION_FAILED: CodeProperties(http_status=400),
         UNAUTHENTICATED: CodeProperties(http_status=401),
+        PERSISTED_QUERY_NOT_FOUND: CodeProperties(http_status=400),
+        TRUSTED_DOCUMENT_REQUIRED: CodeProperties(http_status=400),
         FORBIDDEN: CodeProperties(http_status=403),
         PARTITIONER_MISMATCH: CodeProperties(http_status=409),
         TOPIC_REPARTITIONED: CodeProperties(http_status=409),

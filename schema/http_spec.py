@@ -160,7 +160,7 @@ def timed_out(timeout_ms: int) -> RequestError:
 def query_params(params: Mapping[str, str | None]) -> dict[str, object]:
     """Return the request a GET's query string encodes: empty optional parameters are absent."""
     data: dict[str, object] = {}
-    for name in ("query", "operationName", "variables", "extensions"):
+    for name in ("query", "operationName", "variables", "extensions", "documentId"):
         value = params.get(name)
         if value is None or (value == "" and name != "query"):
             continue

@@ -241,6 +241,14 @@ class DocumentCache(Generic[V]):
                 self._chars -= dropped
         return value
 
+    def find(self, key: Hashable) -> V | None:
+        """Return the value kept for key (now the most recently used), or None."""
+        found = self._kept.get(key)
+        if found is None:
+            return None
+        self._kept.move_to_end(key)
+        return found[0]
+
     def __contains__(self, key: Hashable) -> bool:
         return key in self._kept
 

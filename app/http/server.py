@@ -43,6 +43,7 @@ from iqgraph.schema import wire
 from iqgraph.schema.access import principal_of
 from iqgraph.schema.errors import NOT_FOUND, STORE_NOT_READY, ApiError
 from iqgraph.schema.graphiql import graphiql_mount
+from iqgraph.schema.persisted import ManifestError, PersistedDocuments, describe, load_manifest
 from iqgraph.schema.wire import CHANGES_PATH, FOLLOW_PATH, HEALTH_PATH, INTERNAL_PATH, INTERNAL_PREFIX, READY_PATH
 
 if TYPE_CHECKING:
@@ -204,10 +205,14 @@ def _raw_lookup(node: Node) -> Any:
     return lookup
 
 
-def graphql_app(node: Node, authenticator: Authenticator | None = None) -> tuple[Any, Any]:
+def graphql_app(
+    node: Node, authenticator: Authenticator | None = None, documents: PersistedDocuments | None = None
+) -> tuple[Any, Any]:
     """Return the Strawberry ASGI apps answering the node's store queries: clients', and peers' (internal).
 
     authenticator: how a websocket is authenticated by its connection_init payload (None: the settings' one).
+    documents: the trusted documents (validated against the schema and compiled here: NodeStartError naming one
+    that does not validate) and APQ's cache; None: the settings' (``persisted_documents``).
     """
     from iqgraph.app.catalog import entity_infos
     from iqgraph.app.owner.runner import owner_field_infos
@@ -240,6 +245,11 @@ def graphql_app(node: Node, authenticator: Authenticator | None = None) -> tuple
         subscriptions=True,
     )
     authenticator = authenticator or Authenticator.from_settings(settings)
+    documents = documents or persisted_documents(settings)
+    try:
+        schema.trust(documents)
+    except ManifestError as exc:
+        raise NodeStartError(str(exc)) from None
     public = GraphQLApp(
         schema,
         node.queries,
@@ -248,6 +258,7 @@ def graphql_app(node: Node, authenticator: Authenticator | None = None) -> tuple
         require_principal=True,
         live=node.live,
         connection_auth=None if authenticator is None else init_authenticator(authenticator),
+        documents=documents,
     )
     internal_schema = build_internal_schema(
         limits, owner_field_infos(node.app), getattr(schema, "request_metrics", None)
@@ -256,11 +267,24 @@ def graphql_app(node: Node, authenticator: Authenticator | None = None) -> tuple
     return public, internal
 
 
+def persisted_documents(settings: Settings) -> PersistedDocuments:
+    """Return the documents requests may name: the settings' trusted manifest (read here: NodeStartError saying
+    what to fix) and APQ's cache."""
+    if settings.trusted_documents is None:
+        return PersistedDocuments()
+    try:
+        trusted = load_manifest(settings.trusted_documents)
+    except ManifestError as exc:
+        raise NodeStartError(str(exc)) from None
+    return PersistedDocuments(trusted, settings.only_trusted_documents)
+
+
 def serve(settings: Settings, app: App) -> int:
     """Run a node until interrupted; return the exit code."""
     tls = server_options(settings)  # its files, the CA's and the authenticator's are checked before Spark starts
     peer_verify(settings)
     authenticator = Authenticator.from_settings(settings)
+    documents = persisted_documents(settings)  # the manifest is read before Spark starts too
     listeners = [bind_listener(settings.host, settings.port)]  # before Spark: it takes ports of its own
     try:
         if settings.has_peers:  # peers' sub-requests come on a listener of their own (peer_asgi)
@@ -274,12 +298,12 @@ def serve(settings: Settings, app: App) -> int:
         raise
     node.watch_restore(progress)
     try:
-        public, internal = graphql_app(node, authenticator)
+        public, internal = graphql_app(node, authenticator, documents)
         asgi = build_asgi(node, public, internal if settings.has_peers else None, settings.raw_endpoint, authenticator)
         print(f"iqgraph: serving {app.name} at {settings.url}/graphql (GraphiQL in a browser)", flush=True)
         if settings.has_peers:
             print(f"iqgraph: peers' listener at {settings.peer_url} (/internal/* only)", flush=True)
-        print(f"iqgraph: {settings.describe_security()}", flush=True)
+        print(f"iqgraph: {settings.describe_security()}; {describe(documents)}", flush=True)
         hygiene = lambda: Hygiene(  # noqa: E731 - each listener bounds and counts its own connections
             settings.header_timeout_s, settings.keep_alive_timeout_s, settings.max_connections
         )

@@ -272,7 +272,7 @@ async def test_null_optional_parameters_are_absent(http: httpx.AsyncClient) -> N
 
 async def test_unknown_request_properties_are_ignored(http: httpx.AsyncClient) -> None:
     """Servers receiving a request with additional properties MUST ignore properties they do not understand."""
-    assert (await post(http, {"query": QUERY, "documentId": "abc", "future": {"x": 1}})).status_code == 200
+    assert (await post(http, {"query": QUERY, "clientLibrary": "abc", "future": {"x": 1}})).status_code == 200
 
 
 @pytest.mark.parametrize(
