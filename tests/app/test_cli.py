@@ -189,3 +189,15 @@ def test_produce_sends_count_generated_events(broker: KafkaBroker, make_topic: M
     finally:
         consumer.close()
     assert seen == 250
+
+
+def test_a_trusted_documents_manifest_that_cannot_be_used_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    serve = ["serve", "--app", "iqgraph.examples.shop:app", "--port", str(free_port())]
+    alone = iqgraph(*serve, "--only-trusted-documents")
+    assert_one_line_error(alone, "only_trusted_documents needs", "--trusted-documents FILE")
+    missing = iqgraph(*serve, "--trusted-documents", str(tmp_path / "missing.json"))
+    assert_one_line_error(missing, "cannot read the trusted documents manifest")
+    wrong = tmp_path / "persisted-documents.json"
+    wrong.write_text('{"0000000000000000000000000000000000000000000000000000000000000000": "{ orderCount { count } }"}')
+    assert_one_line_error(iqgraph(*serve, "--trusted-documents", str(wrong)), "is not the one that hashes to it")
+    assert "Spark" not in alone.stdout + missing.stdout
