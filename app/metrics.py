@@ -43,7 +43,6 @@ member's count by sending its id.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -59,8 +58,6 @@ from iqgraph.stores import PartitionState
 from iqgraph.streaming.kafka_offsets import KafkaSourceError
 
 if TYPE_CHECKING:
-    from strawberry.extensions import SchemaExtension
-
     from iqgraph.app.cluster.membership import Member
     from iqgraph.schema.types import NodeInfo
     from iqgraph.streaming.sink import BatchReport
@@ -279,22 +276,6 @@ def partition_metrics(info: NodeInfo) -> Iterator[Metric]:
         "iqgraph_restore_remaining_records", "Records left to apply by partitions not yet RUNNING", value=remaining
     )
     yield from (counts, lag, applied, end, since, stalled, lost, restore)
-
-
-def tracing_extensions(enabled: bool) -> list[Callable[[], SchemaExtension]]:
-    """Return strawberry's OpenTelemetry extension when tracing is enabled and the SDK is installed.
-
-    Spans go to the globally configured tracer provider (e.g. set up by ``opentelemetry-instrument``
-    from the OTEL_* environment). The extension wraps every resolver, so it costs on each field.
-    """
-    if not enabled:
-        return []
-    if importlib.util.find_spec("opentelemetry") is None or importlib.util.find_spec("opentelemetry.sdk") is None:
-        log.warning("tracing is on but the opentelemetry SDK is not installed: pip install opentelemetry-sdk")
-        return []
-    from strawberry.extensions.tracing import OpenTelemetryExtension
-
-    return [OpenTelemetryExtension]
 
 
 def scrape(metrics: NodeMetrics) -> bytes:

@@ -84,7 +84,8 @@ class Settings:
     # kafka membership: "classic" (any broker) or "consumer" (KIP-848: Kafka 4.0+; its session timeout is the
     # group's config on the broker, which refuses < 45000 by default; README "Kafka-group membership")
     group_protocol: str = "classic"
-    tracing: bool = False  # OpenTelemetry spans per GraphQL request, if opentelemetry-sdk is installed
+    tracing: bool = False  # spans through every hop over OTLP (schema.tracing), with the tracing extra installed
+    tracing_documents: bool = False  # a request's span carries its GraphQL document (documents may hold literals)
     create_topics: bool = False  # create missing input topics at start (production topics are provisioned)
     # a partition whose unapplied records Kafka deleted (retention) is DATA_LOST (queries get the code); with this,
     # it is rebuilt from the topic's earliest offset (README: "Records Kafka deleted before a node applied them")

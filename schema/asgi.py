@@ -37,7 +37,7 @@ from strawberry.types import ExecutionResult
 from strawberry.types.graphql import OperationType
 from strawberry.types.unset import UNSET, UnsetType
 
-from iqgraph.schema import http_spec
+from iqgraph.schema import http_spec, tracing
 from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY, Principal, principal_of
 from iqgraph.schema.builder import IqGraphSchema
 from iqgraph.schema.context import Context, request_context
@@ -206,9 +206,12 @@ class GraphQLApp(GraphQL[Context, None]):
     async def parse_http_body(self, request: AsyncHTTPRequestAdapter) -> GraphQLRequestData:
         """Return the GraphQL-over-HTTP request of a GET's query string or a POST's JSON body (SSE: to stream)."""
         if request.method == "GET":
-            return http_spec.graphql_request(self.documents.resolve(http_spec.query_params(request.query_params)))
+            data = http_spec.graphql_request(self.documents.resolve(http_spec.query_params(request.query_params)))
+            tracing.operation(data.query, data.operation_name)
+            return data
         http_spec.check_content_type(request.content_type)
         data = http_spec.graphql_request(self.documents.resolve(http_spec.decode_body(await request.get_body())))
+        tracing.operation(data.query, data.operation_name)
         if self.streams(request.headers):
             data.protocol = "sse"
         return data
@@ -306,6 +309,7 @@ class GraphQLApp(GraphQL[Context, None]):
                 data = http_spec.graphql_request(self.documents.resolve(http_spec.decode_body(await request.body())))
         except HTTPException:
             return None
+        tracing.operation(data.query, data.operation_name)
         sub_response = _sub_response(media_type)  # what get_sub_response gives for a media type Accept chose
         result = self._forwarded_lookups(request, data, schema.request_metrics)
         if result is None:

@@ -31,7 +31,7 @@ import httpx
 import orjson
 
 from iqgraph.app.security.peer_auth import PeerSigner
-from iqgraph.schema import wire
+from iqgraph.schema import tracing, wire
 from iqgraph.schema.access import Principal
 from iqgraph.schema.errors import NODE_UNAVAILABLE
 from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
@@ -200,11 +200,17 @@ class PeerClient:
         to = self.receiver_of(url)
         headers = {"content-type": "application/json", **self.signer.headers(INTERNAL_PATH, content, caller, to)}
         target = await self.peer_url(url)
-        try:
-            response = await self._client().post(f"{target}{INTERNAL_PATH}", content=content, headers=headers)
-        except httpx.HTTPError as exc:
-            self._refused(url, exc)
-            raise PeerUnavailableError(f"peer {url} is unreachable: {exc.__class__.__name__}") from exc
+        with tracing.span("forwarded request", {"server.address": to or url}, "CLIENT") as forwarded:
+            tracing.inject(headers)  # the peer's spans continue this trace
+            try:
+                response = await self._client().post(f"{target}{INTERNAL_PATH}", content=content, headers=headers)
+            except httpx.HTTPError as exc:
+                self._refused(url, exc)
+                raise PeerUnavailableError(f"peer {url} is unreachable: {exc.__class__.__name__}") from exc
+            if forwarded is not None:
+                forwarded.set_attribute("http.response.status_code", response.status_code)
+                forwarded.set_attribute("http.request.body.size", len(content))
+                forwarded.set_attribute("http.response.body.size", len(response.content))
         if response.status_code >= 500:
             raise PeerUnavailableError(f"peer {url} failed with HTTP {response.status_code}")
         try:
@@ -329,6 +335,7 @@ class PeerClient:
         """
         headers = {"content-type": "application/json", "accept": "text/event-stream"}
         headers |= self.signer.headers(path, body, caller, self.receiver_of(url))
+        tracing.inject(headers)  # a live upstream: the peer's stream continues the watch's trace
         timeout = httpx.Timeout(3 * heartbeat_s, connect=2.0)
         client = self.stream_client()
         target = await self.peer_url(url)

@@ -30,7 +30,7 @@ from iqgraph.app.http.request_guard import RequestGuard
 from iqgraph.app.http.rest import rest_routes
 from iqgraph.app.live.stream import StreamEndpoint, changes_events, follow_events
 from iqgraph.app.live.watch import Live
-from iqgraph.app.metrics import scrape, tracing_extensions
+from iqgraph.app.metrics import scrape
 from iqgraph.app.node import Node, NodeStartError
 from iqgraph.app.query.merging import finalize
 from iqgraph.app.query.routing import store_key_partitions
@@ -39,7 +39,7 @@ from iqgraph.app.security.gate import AuthGate, init_authenticator
 from iqgraph.app.security.peer_auth import PeerGate, PeerVerifier
 from iqgraph.app.security.tls import peer_verify, server_options
 from iqgraph.app.settings import Settings
-from iqgraph.schema import wire
+from iqgraph.schema import tracing, wire
 from iqgraph.schema.access import principal_of
 from iqgraph.schema.errors import NOT_FOUND, STORE_NOT_READY, ApiError
 from iqgraph.schema.graphiql import graphiql_mount
@@ -64,10 +64,15 @@ def build_asgi(
 
     authenticator: None makes the one the node's settings describe.
     """
-    clients = client_asgi(node, graphql, raw_endpoint, authenticator)
+    clients = traced(client_asgi(node, graphql, raw_endpoint, authenticator))
     if internal is None:
         return clients
-    return Listeners(clients, peer_asgi(node, internal), node.settings.peer_listen_port)
+    return Listeners(clients, traced(peer_asgi(node, internal)), node.settings.peer_listen_port)
+
+
+def traced(app: Any) -> Any:
+    """Return app in a span per request continuing its caller's trace, when tracing is on (schema.tracing)."""
+    return tracing.TraceContext(app) if tracing.ENABLED else app
 
 
 def client_asgi(
@@ -239,7 +244,6 @@ def graphql_app(
         owner_fields=owner_field_infos(node.app),
         description=node.app.description,
         metrics=node.metrics.graphql,
-        extensions=tracing_extensions(settings.tracing),
         compiled=settings.compiled,
         introspection=settings.introspection,
         subscriptions=True,
@@ -285,6 +289,8 @@ def serve(settings: Settings, app: App) -> int:
     peer_verify(settings)
     authenticator = Authenticator.from_settings(settings)
     documents = persisted_documents(settings)  # the manifest is read before Spark starts too
+    if settings.tracing:
+        tracing.enable(settings.node_id, settings.tracing_documents)
     listeners = [bind_listener(settings.host, settings.port)]  # before Spark: it takes ports of its own
     try:
         if settings.has_peers:  # peers' sub-requests come on a listener of their own (peer_asgi)

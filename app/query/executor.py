@@ -37,6 +37,7 @@ from iqgraph.app.cluster.membership import Membership
 from iqgraph.app.cluster.peers import PeerError, PeerUnavailableError
 from iqgraph.app.cluster.replicas import PeerStates, ReplicaState
 from iqgraph.app.query import routing
+from iqgraph.schema import tracing
 from iqgraph.schema.errors import (
     NODE_UNAVAILABLE,
     STALE_BEYOND_BOUND,
@@ -409,10 +410,14 @@ async def execute(
     ask: Ask,
     accept: Accept,
     combine: Callable[[Any, Any], Any] | None,
+    store: str = "",
 ) -> dict[int, Any]:
-    """Return per item its value (combined over its partitions) or the error it failed with."""
+    """Return per item its value (combined over its partitions) or the error it failed with.
+
+    With tracing on (schema.tracing), each replica's batch of store is a span, and each round after the first a
+    "failover retry" span around its batches."""
     items = _Items({i: list(ps) for i, ps in needs.items()})
-    for _ in range(MAX_ROUNDS):
+    for round_ in range(MAX_ROUNDS):
         if not items.remaining:
             break
         plan = failover.plan(items.remaining)
@@ -421,7 +426,10 @@ async def execute(
             if error is not None:
                 items.end(i, error)
         groups = list(plan.groups.items())
-        outcomes = await _gather([ask(server, group) for server, group in groups])
+        if tracing.ENABLED:
+            outcomes = await _traced_round(round_, store, groups, ask)
+        else:
+            outcomes = await _gather([ask(server, group) for server, group in groups])
         for (server, group), outcome in zip(groups, outcomes, strict=True):
             _record(failover, items, server, group, outcome, accept, combine)
         if not items.remaining:
@@ -435,6 +443,33 @@ async def execute(
     for i in list(items.remaining):
         items.end(i, items.last.get(i) or failover.given_up(items.remaining[i]))
     return items.results
+
+
+async def _traced_round(
+    round_: int, store: str, groups: list[tuple[routing.Server, routing.Group]], ask: Ask
+) -> list[Any]:
+    """Ask each group in a span of its own (and the round in a failover retry span when it is not the first)."""
+    batches = [
+        tracing.traced(
+            "store batch",
+            {
+                "iqgraph.store": store,
+                "iqgraph.node": server.node,
+                "iqgraph.partitions": list(group.partitions),
+                "iqgraph.reads": len(group.reads),
+                "iqgraph.replica": "standby" if server.stale else "active",
+            },
+            ask(server, group),
+        )
+        for server, group in groups
+    ]
+    if round_ == 0:
+        return await _gather(batches)
+    partitions = sorted({p for _, group in groups for p in group.partitions})
+    with tracing.span(
+        "failover retry", {"iqgraph.store": store, "iqgraph.round": round_, "iqgraph.partitions": partitions}
+    ):
+        return await _gather(batches)
 
 
 def _record(

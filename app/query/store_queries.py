@@ -207,7 +207,7 @@ class ClusterStoreQueries:
     ) -> dict[int, Any]:
         """Return per item its value (combined over its partitions) or its error, read where the executor says."""
         failover = self.failover(definition.topic, max_lag)
-        return await execute(failover, needs, ask, self._accept(definition, failover.bound), combine)
+        return await execute(failover, needs, ask, self._accept(definition, failover.bound), combine, definition.name)
 
     def _accept(self, definition: StoreDefinition, bound: int | None) -> Accept:
         """Return how an answer is taken: a standby beyond the bound fails over, positions and lags reported."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import secrets
 import signal
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from iqgraph.streaming.partitioner import partition_for
 from tests.conftest import MakeTopic
 from tests.support.ground_truth import Expected, expected
 from tests.support.nodes import CLUSTER_SECRET, NodeProcess, start_nodes, wait_ready, write_app_module
+from tests.support.otlp import Received, ReceivedSpan, otlp_receiver
 from tests.support.pipeline import START_MS, send
 
 PARTITIONS = 6
@@ -51,8 +53,15 @@ def bearer(scope: str, **claims: Any) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+def otlp() -> Iterator[tuple[str, Received]]:
+    """The collector the cluster's nodes export their spans to (they trace: IQGRAPH_TRACING=true)."""
+    with otlp_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
 def cluster(
-    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory
+    broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.TempPathFactory, otlp: tuple[str, Received]
 ) -> Iterator[tuple[list[NodeProcess], Expected, str]]:
     topic = make_topic(PARTITIONS, prefix="orders")
     app = build_app(topic, PARTITIONS)
@@ -71,6 +80,10 @@ def cluster(
         "IQGRAPH_JWT_AUDIENCE": AUDIENCE,
         "IQGRAPH_API_KEYS": str(keys),
         "IQGRAPH_RAW_ENDPOINT": "true",  # the benchmark's plain endpoint: authorized as every other
+        # every test here runs with tracing on (schema.tracing): spans to the test's collector, sent every 100 ms
+        "IQGRAPH_TRACING": "true",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp[0],
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
     # node-0 lets a standby answer (stale reads allowed); node-1 does not.
     nodes = start_nodes(
@@ -107,6 +120,55 @@ def test_any_key_on_any_node_returns_its_owners_value(cluster: Any) -> None:
     found = meta["data"]["keyMetadata"]
     assert found["activeNode"] == f"node-{found['partition'] % 3}"
     assert found["standbyNodes"] == [f"node-{(found['partition'] + 1) % 3}"]
+
+
+def test_a_query_answered_by_three_nodes_is_one_trace_with_the_peers_spans_as_children(
+    cluster: Any, otlp: tuple[str, Received]
+) -> None:
+    nodes, truth, _ = cluster
+    counts = truth.kv["order_count"]
+    keys = [next(k for k in sorted(counts) if _owner(k) == owner) for owner in ("node-0", "node-1", "node-2")]
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    traceparent = {"traceparent": f"00-{trace_id}-{parent}-01"}  # the client's own trace
+    body = nodes[0].post(GET_MANY, {"k": keys}, **traceparent)
+    assert body == {"data": {"orderCount": {"getMany": [counts[k] for k in keys]}}}
+    response = httpx.post(
+        f"{nodes[0].url}/graphql", json={"query": GET_MANY, "variables": {"k": keys}},
+        headers={**nodes[0].headers, **traceparent}, timeout=30,
+    )  # fmt: skip
+    assert response.headers["traceresponse"].split("-")[1] == trace_id  # the answer names its trace
+    deadline = time.monotonic() + 30
+    while {s.node for s in otlp[1].of_trace(trace_id) if s.kind == "SERVER"} != {"node-0", "node-1", "node-2"}:
+        assert time.monotonic() < deadline, otlp[1].of_trace(trace_id)
+        time.sleep(0.1)
+    time.sleep(0.5)  # the rest of the batch
+    spans = otlp[1].of_trace(trace_id)
+    by_id = {s.span_id: s for s in spans}
+    roots = [s for s in spans if s.parent_id == parent]
+    assert [(r.node, r.kind, r.name) for r in roots] == [("node-0", "SERVER", "query")] * 2  # one per request
+    assert roots[0].attributes["graphql.operation.type"] == "query"
+
+    def root_of(span: ReceivedSpan) -> ReceivedSpan:
+        while span.parent_id != parent:
+            span = by_id[span.parent_id]  # KeyError: a span whose parent is not in the trace
+        return span
+
+    assert all(root_of(s) in roots for s in spans)  # ONE trace: every span hangs from a request of the client's
+    for peer in ("node-1", "node-2"):
+        served = [s for s in spans if s.node == peer and s.kind == "SERVER"]
+        assert len(served) == 2, served  # one sub-request per peer per query
+        for span in served:
+            forwarded = by_id[span.parent_id]
+            assert (forwarded.node, forwarded.kind, forwarded.name) == ("node-0", "CLIENT", "forwarded request")
+            assert forwarded.attributes["server.address"] == peer
+            assert forwarded.attributes["http.response.status_code"] == 200
+            assert forwarded.attributes["http.response.body.size"] > 0
+    batches = [s for s in spans if s.name == "store batch" and s.node == "node-0"]
+    assert {(s.attributes["iqgraph.store"], s.attributes["iqgraph.node"]) for s in batches} == {
+        ("order_count", "node-0"),
+        ("order_count", "node-1"),
+        ("order_count", "node-2"),
+    }
 
 
 def test_cluster_metadata_shows_every_node_and_where_partitions_live(cluster: Any) -> None:

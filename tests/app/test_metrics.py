@@ -1,4 +1,4 @@
-"""A node's Prometheus metrics: the unit rules (peer labels, partition gauges, tracing switch), then one
+"""A node's Prometheus metrics: the unit rules (peer labels, partition gauges), then one
 real `iqgraph serve` node scraped over HTTP after it ingested good and bad records.
 """
 
@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from iqgraph.app.cluster.membership import Member
-from iqgraph.app.metrics import UNKNOWN_PEER, NodeMetrics, tracing_extensions
+from iqgraph.app.metrics import UNKNOWN_PEER, NodeMetrics
 from iqgraph.examples.shop import build_app
 from iqgraph.schema.types import NodeInfo, PartitionInfo
 from iqgraph.schema.wire import INTERNAL_PATH
@@ -90,18 +90,6 @@ def test_batches_and_bad_records_are_observed_per_topic_and_store() -> None:
     assert scraped.value("iqgraph_batch_records_sum", topic="orders") == 1_500
     assert scraped.value("iqgraph_bad_records_total", store="order_count") == 3
     assert scraped.value("iqgraph_bad_records_total", store="items_sold") == 1
-
-
-def test_tracing_is_off_unless_enabled_and_the_sdk_is_installed() -> None:
-    assert tracing_extensions(False) == []
-    try:
-        import opentelemetry.sdk  # noqa: F401
-    except ImportError:
-        assert tracing_extensions(True) == []
-    else:
-        from strawberry.extensions.tracing import OpenTelemetryExtension
-
-        assert tracing_extensions(True) == [OpenTelemetryExtension]
 
 
 @dataclass
