@@ -85,6 +85,7 @@ class Settings:
     # group's config on the broker, which refuses < 45000 by default; README "Kafka-group membership")
     group_protocol: str = "classic"
     tracing: bool = False  # spans through every hop over OTLP (schema.tracing), with the tracing extra installed
+    federation: bool = False  # an Apollo Federation v2 subgraph: entities with @key, _service, _entities
     tracing_documents: bool = False  # a request's span carries its GraphQL document (documents may hold literals)
     create_topics: bool = False  # create missing input topics at start (production topics are provisioned)
     # a partition whose unapplied records Kafka deleted (retention) is DATA_LOST (queries get the code); with this,

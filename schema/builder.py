@@ -320,12 +320,13 @@ def _entity_fields(
     targets: Mapping[str, Target],
     names: TypeNames,
     windows: Mapping[str, WindowNode],
+    federated: bool = False,
 ) -> tuple[list[Field], list[tuple[EntityPlan, type, Reads]]]:
     """Return the root fields of every entity, and each entity's plan, type (which relations lead to) and reads."""
     taken = {p.field: f"store {name!r}" for name, p in plans.items()}
     taken.update({field: "the metadata" for field in METADATA_FIELDS})
     planned = plan_entities(entities, plans, targets, names, taken)
-    made = [(plan, *entity_type(plan, windows, targets)) for plan in planned]
+    made = [(plan, *entity_type(plan, windows, targets, federated)) for plan in planned]
     return [f for plan, cls, reads in made for f in entity_root_fields(plan, cls, reads)], made
 
 
@@ -358,6 +359,7 @@ def build_schema(
     compiled: bool = True,
     introspection: bool = True,
     subscriptions: bool = False,
+    federation: bool = False,
 ) -> strawberry.Schema:
     """Return the schema in which every store and every entity is a typed root field, next to the metadata fields.
 
@@ -371,7 +373,8 @@ def build_schema(
     timed (schema.metrics); extensions (e.g. tracing) are added after the built-in ones. compiled: queries
     over store fields run as compiled plans (schema.compiled) unless extensions are given. Without
     introspection, a document asking for ``__schema`` or ``__type`` fails validation. subscriptions: add the
-    Subscription type (schema.subscriptions), served from the context's ``live``.
+    Subscription type (schema.subscriptions), served from the context's ``live``. federation: a federation v2
+    subgraph, its entities keyed by ``key`` (schema.federation).
     """
     settled = limits or Limits()
     names = TypeNames(RESERVED_TYPES)
@@ -379,7 +382,7 @@ def build_schema(
     plans = plan_stores(stores, settled, targets, names)
     windows = {name: window_node(p) for name, p in plans.items() if p.info.kind == "window"}
     rankings = {name: ranking_entry(p) for name, p in plans.items() if p.info.kind == "ranking"}
-    entity_fields, entity_types = _entity_fields(entities, plans, targets, names, windows)
+    entity_fields, entity_types = _entity_fields(entities, plans, targets, names, windows, federation)
     fields = [
         *(_store_field(p, windows, rankings) for p in plans.values()),
         *entity_fields,
@@ -395,7 +398,14 @@ def build_schema(
     if metrics is not None:  # first: its operation hook ends last, timing and seeing the final errors
         installed.insert(0, lambda: MetricsExtension(metrics, store_fields, frozenset(plans)))
     config = StrawberryConfig(scalar_map=SCALARS)
-    schema = IqGraphSchema(query=query, subscription=subscription, extensions=installed, config=config)
+    if federation:
+        from iqgraph.schema.federation import FederatedSchema
+
+        schema: IqGraphSchema = FederatedSchema(
+            query=query, subscription=subscription, extensions=installed, config=config, federation_version="2.11"
+        )
+    else:
+        schema = IqGraphSchema(query=query, subscription=subscription, extensions=installed, config=config)
     if compiled and not extensions:  # another extension would not see compiled requests
         roots = {*store_fields, *METADATA_FIELDS, *(f.name for f in entity_fields)}
         schema.compiled = CompiledQueries(schema._schema, roots, checks.rules, cache_size, settled.max_tokens)

@@ -40,11 +40,16 @@ def resolved_field(name: str, resolver: Callable[..., Any], description: str | N
 
 
 def object_type(
-    name: str, fields: Sequence[Field], description: str | None = None, private: Sequence[str] = ()
+    name: str,
+    fields: Sequence[Field],
+    description: str | None = None,
+    private: Sequence[str] = (),
+    directives: Sequence[object] = (),
 ) -> type:
     """Return a new Strawberry object type called name with fields, in order.
 
     private: attributes its objects carry besides the data fields, never shown (keyword arguments too).
+    directives: its schema directives (a federation entity's ``@key``).
     """
     namespace: dict[str, Any] = {"__annotations__": {}, "__module__": __name__, "__doc__": description}
     for i, field in enumerate(fields):
@@ -53,7 +58,7 @@ def object_type(
     for attribute in private:
         namespace["__annotations__"][attribute] = Annotated[Any, StrawberryPrivate()]
     cls = type(name, (), namespace)
-    return strawberry.type(cls, name=name, description=description)
+    return strawberry.type(cls, name=name, description=description, directives=directives)
 
 
 def field_names(cls: type) -> dict[str, str]:

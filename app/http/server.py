@@ -247,6 +247,7 @@ def graphql_app(
         compiled=settings.compiled,
         introspection=settings.introspection,
         subscriptions=True,
+        federation=settings.federation,
     )
     authenticator = authenticator or Authenticator.from_settings(settings)
     documents = documents or persisted_documents(settings)

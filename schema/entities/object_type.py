@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import strawberry
 from pyspark.sql.types import StructType
+from strawberry.federation.schema_directives import Key
 
 from iqgraph.schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
 from iqgraph.schema.entities.batches import EntityRef, Read, Reads, StartRead, arriving, read_one, take
@@ -35,9 +36,11 @@ _TO = "The latest window start (inclusive); none: unbounded."
 
 
 def entity_type(
-    plan: EntityPlan, windows: Mapping[str, WindowNode], targets: Mapping[str, Target]
+    plan: EntityPlan, windows: Mapping[str, WindowNode], targets: Mapping[str, Target], federated: bool = False
 ) -> tuple[type, Reads]:
-    """Return the object type of an entity and its fields' reads (and point the relations to it at it)."""
+    """Return the object type of an entity and its fields' reads (and point the relations to it at it).
+
+    federated: the type is a federation entity, ``@key(fields: "key")`` (schema.federation)."""
     fields: list[Field] = [data_field("key", plan.key.annotation, "The key.")]
     reads: dict[str, Callable[[dict[str, Any]], Read]] = {}
     owners: dict[str, str] = {"key": "its key"}
@@ -50,7 +53,8 @@ def entity_type(
         fields.append(field)
         reads[field.name] = read_of
     about = plan.info.description or f"The stores keyed by {plan.name} keys, composed: {', '.join(plan.info.stores)}."
-    cls = object_type(plan.name, fields, about)
+    cls = object_type(plan.name, fields, about, directives=[Key(fields="key")] if federated else ())
+    cls.iqgraph_key = plan.key  # type: ignore[attr-defined] # how a federation representation's key is checked
     plan.target.type.set(cls)
     plan.target.reads.update(reads)
     return cls, reads
