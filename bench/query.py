@@ -58,8 +58,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from iqgraph.examples.shop import generate_orders  # noqa: E402
+from iqgraph.schema.persisted import sha256_of  # noqa: E402
 from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
 from iqgraph.streaming.broker import free_port, produce  # noqa: E402
+from tests.support.otlp import otlp_receiver  # noqa: E402
 
 PARTITIONS = 6
 SEED = 11
@@ -67,6 +69,7 @@ START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 STORE, FIELD = "order_count", "orderCount"
 KEY = "customer-0001"  # the shop generator's most frequent customer: it always exists
 TARGET_RATIO = 0.5
+TARGET_TRUSTED_RATIO = 0.8  # a trusted document's lookup beside the raw endpoint (issue 31)
 TARGET_GETMANY_P50_MS = 5.0
 APP_MODULE = "bench_query_app"
 
@@ -95,9 +98,13 @@ def produce_orders(bootstrap: str, topic: str, events: list[tuple[Any, Any]]) ->
 class NodeProcess:
     """One ``iqgraph serve`` subprocess with the raw endpoint on, in a process group of its own."""
 
-    def __init__(self, workdir: Path, bootstrap: str, topic: str, port: int, master: str) -> None:
+    def __init__(
+        self, workdir: Path, bootstrap: str, topic: str, port: int, master: str, env: dict[str, str] | None = None
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = workdir / "node.log"
+        trusted = workdir / "trusted-documents.json"  # the point lookup, sent by its documentId (graphql_trusted)
+        trusted.write_text(json.dumps({sha256_of(point_query(KEY)): point_query(KEY)}))
         (workdir / f"{APP_MODULE}.py").write_text(
             "from iqgraph.examples.shop import build_app\n"
             "from iqgraph.streaming.definitions import KafkaSettings\n\n"
@@ -107,9 +114,10 @@ class NodeProcess:
             sys.executable, "-m", "iqgraph.app.cli", "serve", "--app", f"{APP_MODULE}:app",
             "--bootstrap-servers", bootstrap,
             "--port", str(port), "--state-dir", str(workdir / "state"), "--spark-master", master,
+            "--trusted-documents", str(trusted),
         ]  # fmt: skip
         pythonpath = os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")]))
-        self.env = {**os.environ, "PYTHONPATH": pythonpath, "IQGRAPH_RAW_ENDPOINT": "true"}
+        self.env = {**os.environ, "PYTHONPATH": pythonpath, "IQGRAPH_RAW_ENDPOINT": "true", **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -180,17 +188,24 @@ DASHBOARD = (
 )
 
 
+def point_query(key: str) -> str:
+    """Return the point lookup's document."""
+    return f'{{ {FIELD} {{ get(key: "{key}") }} }}'
+
+
 def endpoints(key: str) -> list[Endpoint]:
     """Return the requests under load: GraphQL POST (compiled; and, with ``@include(if: true)``, which no
-    plan covers, the same lookup on the Strawberry/graphql-core path of the same node), raw GET, GraphQL
-    GET, and the dashboard query over five stores (compiled, and on graphql-core)."""
-    query = f'{{ {FIELD} {{ get(key: "{key}") }} }}'
+    plan covers, the same lookup on the Strawberry/graphql-core path of the same node; and by its trusted
+    documentId, its plan compiled at start), raw GET, GraphQL GET, and the dashboard query over five stores
+    (compiled, and on graphql-core)."""
+    query = point_query(key)
     core = f'{{ {FIELD} {{ get(key: "{key}") @include(if: true) }} }}'
     dashboard = DASHBOARD.replace("KEYS", json.dumps(many_keys()[:20])).replace("KEY", key)
     dashboard_core = dashboard.replace("{ orderId", "{ orderId @include(if: true)", 1)
     return [
         Endpoint("graphql_post", "POST", "/graphql", orjson.dumps({"query": query})),
         Endpoint("graphql_post_core", "POST", "/graphql", orjson.dumps({"query": core})),
+        Endpoint("graphql_trusted", "POST", "/graphql", orjson.dumps({"documentId": f"sha256:{sha256_of(query)}"})),
         Endpoint("raw", "GET", f"/raw/{STORE}/{key}"),
         Endpoint("graphql_get", "GET", f"/graphql?query={quote(query)}"),
         Endpoint("dashboard", "POST", "/graphql", orjson.dumps({"query": dashboard})),
@@ -419,6 +434,7 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
     rps = {name: round(_median(r, "rps")) for name, r in runs.items()}
     cpu = {name: _median(r, "cpu_us") for name, r in runs.items()}
     ratio = rps["graphql_post"] / rps["raw"] if rps.get("raw") else None
+    trusted_ratio = rps["graphql_trusted"] / rps["raw"] if rps.get("raw") else None
     cpu_ratio = cpu["raw"] / cpu["graphql_post"] if cpu.get("graphql_post") else None
     get_ratio = rps["graphql_get"] / rps["raw"] if rps.get("raw") else None
     inline, variables = _latency(figures.pop("getmany_inline")), _latency(figures.pop("getmany_variables"))
@@ -426,7 +442,8 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
     print(f"client: {args.client}, {args.connections} connections, {args.threads} threads, "
           f"{args.duration:g} s per run, {args.rounds} rounds alternating, medians")  # fmt: skip
     labels = {
-        "graphql_post": "GraphQL POST", "graphql_post_core": "  on g.-core", "raw": "raw GET",
+        "graphql_post": "GraphQL POST", "graphql_post_core": "  on g.-core", "graphql_trusted": "  documentId",
+        "raw": "raw GET",
         "graphql_get": "GraphQL GET", "dashboard": "dashboard", "dashboard_core": "  on g.-core",
     }  # fmt: skip
     for name, label in labels.items():
@@ -438,6 +455,12 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
           f"dashboard {rps['dashboard'] / rps['dashboard_core']:.2f}× (req/s)")  # fmt: skip
     print(f"ratio GraphQL POST / raw  {ratio:.3f}   target ≥ {TARGET_RATIO}   (GET: {get_ratio:.3f};"
           f" by CPU per request: {cpu_ratio:.3f})")  # fmt: skip
+    print(f"ratio trusted documentId / raw  {trusted_ratio:.3f}   target ≥ {TARGET_TRUSTED_RATIO}")
+    tracing = figures.get("tracing")
+    if tracing:
+        print(f"tracing (point lookup, two nodes side by side): off {tracing['off_cpu_us']:.0f} µs CPU/request, "
+              f"on {tracing['on_cpu_us']:.0f} µs (+{tracing['added_cpu_us']:.0f} µs); req/s off {tracing['off_rps']:,}"
+              f", on {tracing['on_rps']:,}")  # fmt: skip
     existing = figures["getmany_existing_keys"]
     print(f"getMany 1,000 keys ({existing} existing, {1000 - existing} missing), {args.samples} sequential requests:")
     for label, m in (("inline", inline), ("variables", variables)):
@@ -461,6 +484,7 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
         "non_2xx": errors,
         "ratio_graphql_raw": None if ratio is None else round(ratio, 3),
         "ratio_graphql_get_raw": None if get_ratio is None else round(get_ratio, 3),
+        "ratio_trusted_raw": None if trusted_ratio is None else round(trusted_ratio, 3),
         "ratio_by_cpu": None if cpu_ratio is None else round(cpu_ratio, 3),
         "compiled_over_core": {
             "point": round(rps["graphql_post"] / rps["graphql_post_core"], 2),
@@ -469,7 +493,11 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
         "dashboard_per_core_rps": round(1e6 / cpu["dashboard"]),
         "getmany": {"keys": 1000, "existing": existing, "inline": inline, "variables": variables},
         **figures,
-        "targets": {"ratio_graphql_raw": TARGET_RATIO, "getmany_p50_ms": TARGET_GETMANY_P50_MS},
+        "targets": {
+            "ratio_graphql_raw": TARGET_RATIO,
+            "ratio_trusted_raw": TARGET_TRUSTED_RATIO,
+            "getmany_p50_ms": TARGET_GETMANY_P50_MS,
+        },
         "met": {
             "ratio": ratio is not None and ratio >= TARGET_RATIO,
             "getmany_p50": (inline["p50_ms"] or 1e9) <= TARGET_GETMANY_P50_MS,
@@ -497,6 +525,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--master", default="local[2]", help="the node's Spark master")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the node to start and catch up")
     parser.add_argument("--keep-serving", type=float, default=0.0, help="serve this many more seconds (profiling)")
+    parser.add_argument(
+        "--tracing", action="store_true", help="also a second node with IQGRAPH_TRACING=true: the point lookup's CPU "
+        "on both, side by side (spans exported to an in-process OTLP receiver)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.client == "auto":
         args.client = "wrk" if shutil.which("wrk") else "python"
@@ -537,9 +569,55 @@ def main() -> None:
         node.start()
         try:
             figures, runs = measure(args, node, events, Path(tmp))
+            if args.tracing:
+                figures["tracing"] = tracing_side_by_side(args, node, broker.bootstrap_servers, topic, events, tmp)
         finally:
             node.stop()
     report(args, figures, runs)
+
+
+def tracing_side_by_side(
+    args: argparse.Namespace, off: NodeProcess, bootstrap: str, topic: str, events: list[Any], tmp: str
+) -> dict[str, Any]:
+    """Start a second node with tracing on, exporting to an in-process OTLP receiver; run the point lookup on the
+    two nodes alternately (args.rounds each); return the medians of their CPU per request and req/s."""
+    workdir = Path(tmp) / "traced"
+    workdir.mkdir()
+    with otlp_receiver() as (endpoint, received):
+        env = {"IQGRAPH_TRACING": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
+        on = NodeProcess(workdir, bootstrap, topic, free_port(), args.master, env)
+        on.start()
+        try:
+            with httpx.Client(timeout=30.0) as client:
+                on.wait_caught_up(client, len(events), args.timeout)
+            [point] = [e for e in endpoints(KEY) if e.name == "graphql_post"]
+            script = wrk_script(workdir, point) if args.client == "wrk" else None
+            runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+            for round_ in range(args.rounds + 1):  # the first round warms both up
+                for name, node in (("off", off), ("on", on)):
+                    assert node.process is not None
+                    before = cpu_seconds(node.process.pid)
+                    duration = args.warmup if round_ == 0 else args.duration
+                    if script is not None:
+                        result = run_wrk(node.url, point, script, args, duration)
+                    else:
+                        result = run_python(node.url, point, args, duration)
+                    result["cpu_us"] = (cpu_seconds(node.process.pid) - before) / max(result["requests"], 1) * 1e6
+                    if round_:
+                        runs[name].append(result)
+                        print(f"  tracing {name:<3} {result['rps']:>9,.0f} req/s  {result['cpu_us']:>6,.0f} µs CPU/req")
+        finally:
+            on.stop()
+        exported = len(received.spans)
+    off_cpu, on_cpu = _median(runs["off"], "cpu_us"), _median(runs["on"], "cpu_us")
+    return {
+        "off_cpu_us": round(off_cpu, 1),
+        "on_cpu_us": round(on_cpu, 1),
+        "added_cpu_us": round(on_cpu - off_cpu, 1),
+        "off_rps": round(_median(runs["off"], "rps")),
+        "on_rps": round(_median(runs["on"], "rps")),
+        "spans_exported": exported,
+    }
 
 
 if __name__ == "__main__":

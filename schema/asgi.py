@@ -41,7 +41,13 @@ from iqgraph.schema import http_spec, tracing
 from iqgraph.schema.access import ANONYMOUS, PRINCIPAL_SCOPE_KEY, Principal, principal_of
 from iqgraph.schema.builder import IqGraphSchema
 from iqgraph.schema.context import Context, request_context
-from iqgraph.schema.errors import GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILED, UNAUTHENTICATED, limit_exceeded
+from iqgraph.schema.errors import (
+    GRAPHQL_PARSE_FAILED,
+    GRAPHQL_VALIDATION_FAILED,
+    UNAUTHENTICATED,
+    ApiError,
+    limit_exceeded,
+)
 from iqgraph.schema.graphiql import graphiql_html
 from iqgraph.schema.internal import answer_lookups, lookup_fields
 from iqgraph.schema.limits import Limits
@@ -109,8 +115,8 @@ class _TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
             try:
                 payload = self.view.documents.resolve(message["payload"])
             except http_spec.RequestError as exc:
-                error = {"message": exc.reason, "extensions": {"code": exc.code}}
-                await self.send_message({"id": message["id"], "type": "error", "payload": [error]})
+                refused = ApiError(exc.reason, exc.code)
+                await self.send_message({"id": message["id"], "type": "error", "payload": [refused.formatted]})
                 return
             message = {**message, "payload": payload}  # type: ignore[typeddict-item]
         await super().handle_subscribe(message)

@@ -43,7 +43,7 @@ class FederatedSchema(IqGraphSchema, StrawberryFederationSchema):
             type_ = self.schema_converter.type_map.get(name) if isinstance(name, str) else None
             origin = getattr(getattr(type_, "definition", None), "origin", None)
             kind = getattr(origin, "iqgraph_key", None)
-            if kind is None:
+            if kind is None or origin is None or not isinstance(name, str):
                 found.append(ApiError(f"{name!r} is not an entity of this subgraph", INVALID_ARGUMENT))
                 continue
             try:
@@ -53,4 +53,4 @@ class FederatedSchema(IqGraphSchema, StrawberryFederationSchema):
                 continue
             batch = batches.setdefault(name, EntityBatch((), None, open_=True))
             found.append(strawberry.cast(origin, _Entity(key, batch.add(key), batch)))
-        return found  # type: ignore[return-value]
+        return found

@@ -95,9 +95,9 @@ def current() -> Any:
     return trace.get_current_span()
 
 
-def operation(document: str, operation_name: str | None) -> None:
+def operation(document: str | None, operation_name: str | None) -> None:
     """Name the current request's span after its GraphQL operation (OpenTelemetry's GraphQL conventions)."""
-    if not ENABLED:
+    if not ENABLED or document is None:
         return
     found = None
     for match in _OPERATION.finditer(document):

@@ -63,7 +63,7 @@ def _bloom_union_estimate(filters: list[ScalableBloomFilter]) -> int:
     stages: dict[int, object] = {}
     for bloom in filters:
         for i, stage in enumerate(bloom.filters):
-            stages[i] = stage.bitarray if i not in stages else stages[i] | stage.bitarray  # type: ignore[operator]
+            stages[i] = stage.bitarray if i not in stages else stages[i] | stage.bitarray
     total = 0.0
     for i, bits in stages.items():
         stage = next(b.filters[i] for b in filters if len(b.filters) > i)

@@ -151,7 +151,7 @@ class PartitionDB:
     def key_digests(self, name: str) -> KeyDigests:
         """Return the digests of every key of store name's own column family (``stores.distinct``)."""
         self.check_queryable()
-        return key_digests(self.family(name).keys())
+        return key_digests(self.family(name).keys())  # type: ignore[arg-type] # rocksdict yields bytes keys
 
     def handle(self, name: str) -> ColumnFamily:
         """Return the write handle of column family name."""

@@ -111,7 +111,7 @@ def _end_after_batch(spark: SparkSession, query: StreamingQuery) -> bool:
     by itself once the query's state says TERMINATED, which stop() sets before it interrupts: set only that.
     """
     try:
-        state = query._jsq.streamingQuery().state()  # type: ignore[attr-defined]
+        state = query._jsq.streamingQuery().state()
         if state.get().toString() != "ACTIVE":
             return False
         terminated = spark._jvm.java.lang.Class.forName(_TERMINATED).getField("MODULE$").get(None)  # type: ignore[union-attr]
@@ -124,7 +124,7 @@ def _end_after_batch(spark: SparkSession, query: StreamingQuery) -> bool:
 def _await_end(query: StreamingQuery, deadline: float) -> None:
     """Wait until query's thread has finished its batch in flight and ended, at most until deadline."""
     try:
-        query.awaitTermination(max(deadline - time.monotonic(), 0.1))
+        query.awaitTermination(max(deadline - time.monotonic(), 0.1))  # type: ignore[arg-type] # seconds, a float
     except StreamingQueryException as exc:  # it died in its last batch: a stop hides nothing from anyone now
         log.info("query %s ended with: %s", query.name, exc)
 

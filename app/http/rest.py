@@ -65,7 +65,7 @@ _NUMBERS = frozenset({"Int", "Long"})  # argument types whose query parameter mu
 
 def rest_routes(queries: ClusterStoreQueries, graphql: GraphQLApp) -> list[Route]:
     """Return the REST routes: GraphQL queries (graphql, the node's public app) written for each request."""
-    documents = Documents(graphql.schema._schema)  # noqa: SLF001 - graphql-core's schema: the types to select
+    documents = Documents(graphql.schema._schema)  # type: ignore[attr-defined] # noqa: SLF001 - graphql-core's schema: the types to select
 
     async def value(request: Request) -> Response:
         async def answer() -> Response:
@@ -203,10 +203,10 @@ async def _run(
     values["maxLag"] = _param("maxLag", request.query_params.get("maxLag", ""), "Long")  # 0: only the caught-up
     extensions = {"positions": True} if request.query_params.get("positions") == "true" else None
     response = await graphql.execute_document(request, document.text, values, extensions)
-    errors = response.get("errors")
+    errors: list[Any] = list(response.get("errors") or [])
     if errors:
         raise _Failed(errors[0], dict(response.get("extensions") or {}))
-    data = response.get("data") or {}
+    data: dict[str, Any] = dict(response.get("data") or {})
     return data[camel_case(store)][field], dict(response.get("extensions") or {})
 
 

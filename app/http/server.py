@@ -252,7 +252,7 @@ def graphql_app(
     authenticator = authenticator or Authenticator.from_settings(settings)
     documents = documents or persisted_documents(settings)
     try:
-        schema.trust(documents)
+        schema.trust(documents)  # type: ignore[attr-defined] # build_schema makes an IqGraphSchema
     except ManifestError as exc:
         raise NodeStartError(str(exc)) from None
     public = GraphQLApp(

@@ -511,7 +511,7 @@ def _failed(
     items.last[item] = coded or unavailable(failover.topic, partitions)
 
 
-async def _gather(asks: list[Awaitable[Any]]) -> list[Any]:
+async def _gather(asks: Sequence[Awaitable[Any]]) -> list[Any]:
     if len(asks) == 1:  # one server (always, on a single node): no task of its own
         try:
             return [await asks[0]]

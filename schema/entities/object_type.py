@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import strawberry
 from pyspark.sql.types import StructType
 from strawberry.federation.schema_directives import Key
+from strawberry.federation.types import FieldSet
 
 from iqgraph.schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolved_field, resolver_with
 from iqgraph.schema.entities.batches import EntityRef, Read, Reads, StartRead, arriving, read_one, take
@@ -53,7 +54,7 @@ def entity_type(
         fields.append(field)
         reads[field.name] = read_of
     about = plan.info.description or f"The stores keyed by {plan.name} keys, composed: {', '.join(plan.info.stores)}."
-    cls = object_type(plan.name, fields, about, directives=[Key(fields="key")] if federated else ())
+    cls = object_type(plan.name, fields, about, directives=[Key(fields=FieldSet("key"))] if federated else ())
     cls.iqgraph_key = plan.key  # type: ignore[attr-defined] # how a federation representation's key is checked
     plan.target.type.set(cls)
     plan.target.reads.update(reads)
