@@ -11,12 +11,19 @@ ranking (``LiveQueries.store_changes``), the top is read again through the norma
 (``StoreQueries.top``: every partition, wherever it is served) and sent if it differs from the last one sent
 — a batch that moves only members below the top N sends nothing. Batches committed while a read or a send
 runs cause one more read, not one per batch. Relations of the entries are read anew for each event.
+
+A ranking never goes backwards unmarked: each event says in ``lag`` how far behind the copies that answered
+were (a standby serving a partition within ``maxLag`` while its active node is down; null: every partition's
+active copy), and a read that saw any partition at an offset BEFORE the one the last event showed (a lagging
+standby taking over after a kill) is held, not sent: the next batch's read is tried instead, so the values a
+subscriber sees only move forward. A standby's top that is no older than the last one sent is sent, marked.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 import strawberry
@@ -29,6 +36,15 @@ from iqgraph.schema.ranking_fields import RankingEntry
 from iqgraph.schema.resolving import StorePlan, context
 from iqgraph.schema.types import Ranked
 
+_LAG = (
+    "How many records the furthest-behind copy that answered was behind (a standby serving a partition within maxLag "
+    "while its active node is down); null: every partition's active copy."
+)
+_MAX_LAG = (
+    "How many records a standby may be behind to serve a partition while its active node is down (absent: the "
+    "node's --max-lag; none set: only active copies)."
+)
+
 
 def watch_top_field(plan: StorePlan, entry: RankingEntry, names: TypeNames) -> Field:
     """Return ``<ranking>WatchTop(group, first)``: the top first members of group, again each time it changes."""
@@ -37,22 +53,33 @@ def watch_top_field(plan: StorePlan, entry: RankingEntry, names: TypeNames) -> F
         [
             data_field("group", str | None, "The group followed (null: every member, whatever its group)."),
             data_field("entries", list_of(entry.type), "The top now, from the greatest value down."),
+            data_field("lag", int | None, _LAG),
         ],
         f"The top of {plan.label()} as it is now.",
     )
     name, node = plan.name, entry.convert
 
     async def watch_top(
-        root: Any, info: strawberry.Info, group: str | None = None, first: int | None = None
+        root: Any, info: strawberry.Info, group: str | None = None, first: int | None = None, max_lag: int | None = None
     ) -> AsyncGenerator[Any, None]:
         ctx = context(info)
         size = ctx.limits.page_size(first)
+
+        async def read() -> Top:
+            reports = ctx.reports  # what this read reports: the positions and lags of the copies that answered
+            reports.positions.clear()
+            reports.staleness.clear()
+            ranked = await ctx.queries.top(name, group, size, max_lag)
+            positions = {(t, int(p)): offset for t, seen in reports.positions.items() for p, offset in seen.items()}
+            lags = [e["lag"] for e in reports.staleness if e["store"] == name]
+            return Top(ranked, positions, max(lags) if lags else None)
+
         with store_errors():
             async with aclosing(live_queries(ctx).store_changes(name, principal=ctx.principal)) as ticks:
-                async with aclosing(_changed_tops(ticks, lambda: ctx.queries.top(name, group, size, None))) as tops:
-                    async for ranked in tops:
+                async with aclosing(changed_tops(ticks, read)) as tops:
+                    async for top in tops:
                         fresh_reads(ctx)  # the entries' relations: read for this event, not from the last one's
-                        yield change(f0=group, f1=[node(r) for r in ranked])
+                        yield change(f0=group, f1=[node(r) for r in top.ranked], f2=top.lag)
 
     arguments = [
         Arg("group", "group", str | None, "The group (absent: every member, whatever its group)."),
@@ -62,6 +89,7 @@ def watch_top_field(plan: StorePlan, entry: RankingEntry, names: TypeNames) -> F
             int | None,
             f"How many members (default {plan.limits.default_page_size}, at most {plan.limits.max_page_size}).",
         ),
+        Arg("max_lag", "maxLag", int | None, _MAX_LAG),
     ]
     return subscription_field(
         f"{plan.field}WatchTop",
@@ -71,13 +99,28 @@ def watch_top_field(plan: StorePlan, entry: RankingEntry, names: TypeNames) -> F
     )
 
 
-async def _changed_tops(
-    ticks: AsyncGenerator[int, None], read: Callable[[], Awaitable[list[Ranked]]]
-) -> AsyncGenerator[list[Ranked], None]:
-    """Yield read() after each tick (the first: the start) when it differs from the last one yielded."""
-    last: list[Ranked] | None = None
+@dataclass(frozen=True)
+class Top:
+    """One read of a top: its members, the offset each topic-partition was read at, the largest standby lag."""
+
+    ranked: list[Ranked]
+    positions: dict[tuple[str, int], int]
+    lag: int | None
+
+
+async def changed_tops(
+    ticks: AsyncGenerator[int, None], read: Callable[[], Awaitable[Top]]
+) -> AsyncGenerator[Top, None]:
+    """Yield read() after each tick (the first: the start) when its top or lag differs from the last one yielded,
+    unless it saw a partition at an offset before the last yielded one's (an older view: held, see the module)."""
+    last: Top | None = None
+    shown: dict[tuple[str, int], int] = {}  # per topic-partition, the furthest offset an event was read at
     async for _ in ticks:
-        ranked = await read()
-        if ranked != last:
-            last = ranked
-            yield ranked
+        top = await read()
+        if any(offset < shown.get(at, offset) for at, offset in top.positions.items()):
+            continue
+        for at, offset in top.positions.items():
+            shown[at] = max(offset, shown.get(at, offset))
+        if last is None or (top.ranked, top.lag) != (last.ranked, last.lag):
+            last = top
+            yield top

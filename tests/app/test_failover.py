@@ -409,7 +409,9 @@ def test_watches_share_one_upstream_per_peer_and_the_top_follows_through_any_nod
         time.sleep(0.2)
     assert not top.errors, top.errors
     assert top.tops[-1] == run.nodes[1].post(query)["data"]["topCustomers"]["top"]
-    assert len(top.tops) > 1 and all(a != b for a, b in itertools.pairwise(top.tops))  # sent when it changed only
+    events = list(zip(top.tops, top.lags, strict=True))
+    assert len(events) > 1 and all(a != b for a, b in itertools.pairwise(events))  # sent when it (or lag) changed
+    assert not top.fell(), top.fell()  # through the kill, no total spend went backwards (an older view is held)
     for path in ("/internal/follow", "/internal/changes"):
         refused = httpx.post(f"{run.nodes[0].peer_url}{path}", content=b"{}", headers={"accept": "text/event-stream"})
         assert refused.status_code == 401, (path, refused.status_code, refused.text[:200])

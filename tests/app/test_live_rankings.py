@@ -24,7 +24,7 @@ from tests.support.feed_shop import Orders, shop_app
 from tests.support.live_shop import MINUTE, START_MS, LiveShop, open_live_shop, where
 
 WATCH_TOP = """subscription($group: String, $first: Int) {
-  %s(group: $group, first: $first) { group entries { member value rank } }
+  %s(group: $group, first: $first) { group entries { member value rank } lag }
 }"""
 TOP = WATCH_TOP % "topWatchTop"
 TOP_BY_ITEM = WATCH_TOP % "topByItemWatchTop"
@@ -78,7 +78,7 @@ async def test_watch_top_sends_the_top_then_again_only_when_the_top_changes(shop
     shop.write(orders(("c0", 5), ("c1", 4), ("c2", 3), ("c3", 2), ("c4", 1)))
     events = await shop.subscribe(TOP, {"first": 3})
     (first,) = await events.take(1)
-    assert first == {"group": None, "entries": top_now(shop, 3, CUSTOMERS)}
+    assert first == {"group": None, "entries": top_now(shop, 3, CUSTOMERS), "lag": None}  # the actives answered
     assert [e["member"] for e in first["entries"]] == ["c0", "c1", "c2"]
 
     shop.write(orders(("c2", 3)))  # the order changes: c2 first
@@ -122,6 +122,7 @@ async def test_watch_top_follows_one_group_and_sends_at_most_first_members(shop:
     assert first == {
         "group": "pen",
         "entries": [{"member": "c0", "value": 3, "rank": 1}, {"member": "c3", "value": 2, "rank": 2}],
+        "lag": None,
     }
     shop.write(orders(("c1", 4), item="ink"))  # another group's member: nothing to send
     shop.write(orders(("c2", 3)))  # c2 (pen) rises to 4: first of pen
@@ -129,6 +130,7 @@ async def test_watch_top_follows_one_group_and_sends_at_most_first_members(shop:
     assert risen == {
         "group": "pen",
         "entries": [{"member": "c2", "value": 4, "rank": 1}, {"member": "c0", "value": 3, "rank": 2}],
+        "lag": None,
     }
     await events.close()
 
@@ -167,3 +169,33 @@ async def test_entity_watch_of_stores_the_caller_may_not_read_is_forbidden(shop:
     nobody = Principal.from_scopes("nobody", ["read:items"])
     events = await shop.subscribe(WATCH_CUSTOMERS, {"keys": ["c1"]}, principal=nobody)
     assert (await events.error())["extensions"]["code"] == "FORBIDDEN"
+
+
+async def test_a_top_read_from_an_older_view_is_held_and_a_standbys_is_marked() -> None:
+    """A standby lagging behind what the last event showed takes over (the active was killed): its top is held until
+    it has caught up, never sent backwards; a standby's top no older than the last sent goes out with its lag."""
+    from iqgraph.schema.live.rankings import Top, changed_tops
+    from iqgraph.schema.types import Ranked
+
+    def top(value: int, offsets: tuple[int, int], lag: int | None = None) -> Top:
+        return Top([Ranked("c0", value, 1, "x")], {("orders", 0): offsets[0], ("orders", 1): offsets[1]}, lag)
+
+    reads = iter([
+        top(10, (40, 30)),  # the actives
+        top(12, (44, 30)),
+        top(9, (38, 30), lag=6),  # node killed: its standby is behind what was shown (38 < 44): held
+        top(11, (42, 30), lag=2),  # still behind: held
+        top(12, (44, 31), lag=0),  # caught up (its top as shown, but now marked): sent, marked
+        top(13, (45, 31), lag=0),
+        top(13, (46, 31)),  # the active back: same top, unmarked again: sent
+    ])  # fmt: skip
+
+    async def ticks() -> Any:
+        for _ in range(7):
+            yield 1
+
+    async def read() -> Top:
+        return next(reads)
+
+    sent = [(t.ranked[0].value, t.lag) async for t in changed_tops(ticks(), read)]
+    assert sent == [(10, None), (12, None), (12, 0), (13, 0), (13, None)]

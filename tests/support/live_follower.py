@@ -3,6 +3,7 @@ event kept with the time it came (the failover tests check them against the prod
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -120,7 +121,7 @@ class Follower(_Subscriber):
         )
 
 
-TOP = "subscription { topCustomersWatchTop(first: 5) { entries { member value rank } } }"
+TOP = "subscription { topCustomersWatchTop(first: 5) { entries { member value rank } lag } }"
 
 
 class TopFollower(_Subscriber):
@@ -131,12 +132,27 @@ class TopFollower(_Subscriber):
     def __init__(self, node: NodeProcess) -> None:
         super().__init__(node)
         self.tops: list[list[dict[str, Any]]] = []
+        self.lags: list[int | None] = []  # per top: the standbys' lag when one answered (null: the actives)
 
     def started(self) -> bool:
         return bool(self.tops)
 
     def received(self, data: dict[str, Any]) -> None:
         self.tops.append(data["topCustomersWatchTop"]["entries"])
+        self.lags.append(data["topCustomersWatchTop"]["lag"])
+
+    def fell(self) -> list[tuple[str, Any, Any]]:
+        """Return each (member, value, later value) of one top to the next whose value fell: a ranking going
+        backwards (a total spend never falls)."""
+        fell = []
+        for earlier, later in itertools.pairwise(self.tops):
+            before = {e["member"]: e["value"] for e in earlier}
+            fell += [
+                (e["member"], before[e["member"]], e["value"])
+                for e in later
+                if e["value"] < before.get(e["member"], e["value"])
+            ]
+        return fell
 
 
 def wrong_values(events: Sequence[Followed], truth_at: Callable[[str, int], int]) -> list[str]:
