@@ -6,7 +6,6 @@ deadline and ending when its client goes away."""
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +22,7 @@ from iqgraph.app.settings import Settings
 from iqgraph.schema import GraphQLApp
 from tests.support.live_shop import KEYS, WATCH, WATCH_WINDOWS, LiveShop, open_live_shop, where
 from tests.support.servers import serve_in_thread
+from tests.support.sse import sse_events
 from tests.support.transport_ws import TransportWS, websocket
 
 READER_KEY = "ik_live_reader_0123456789abcdef"  # may read per_key only
@@ -60,21 +60,6 @@ def wait_until(condition: Any, timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
-
-
-def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
-    """Yield (event, data) of an SSE stream (comments skipped)."""
-    event, data = None, []
-    for line in lines:
-        if line.startswith(":"):
-            continue
-        if line.startswith("event:"):
-            event = line.removeprefix("event:").strip()
-        elif line.startswith("data:"):
-            data.append(line.removeprefix("data:").strip())
-        elif line == "" and event is not None:
-            yield event, json.loads("\n".join(data)) if data and data[0] else None
-            event, data = None, []
 
 
 def test_sse_streams_changes_past_the_request_deadline_until_the_client_goes(node: tuple[str, LiveShop]) -> None:

@@ -18,9 +18,9 @@ from iqgraph.app.node import Node
 from iqgraph.app.settings import Settings
 from iqgraph.schema import GraphQLApp
 from iqgraph.schema.persisted import ManifestError, PersistedDocuments, load_manifest, sha256_of
-from tests.app.test_live_transports import sse_events
 from tests.support.live_shop import KEYS, WATCH, LiveShop, open_live_shop
 from tests.support.servers import serve_in_thread
+from tests.support.sse import sse_events
 from tests.support.transport_ws import TransportWS, websocket
 
 GET = "query Count($k: String!) { perKey { get(key: $k) } }"

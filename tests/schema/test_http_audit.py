@@ -9,7 +9,7 @@ import subprocess
 
 from tests.js import NODE_DIR, require_node
 from tests.schema.conftest import Hosted
-from tests.schema.test_graphiql import served_app
+from tests.support.served import served_app
 from tests.support.servers import serve_in_thread
 
 

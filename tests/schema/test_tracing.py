@@ -12,7 +12,7 @@ import pytest
 
 from iqgraph.schema import tracing
 from tests.schema.conftest import Hosted
-from tests.schema.test_graphiql import served_app
+from tests.support.served import served_app
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
