@@ -130,7 +130,8 @@ class Settings:
 
     @property
     def peer_url(self) -> str:
-        """Return the URL peers reach this node's peer listener at (told them by /healthz: ``peerUrl``)."""
+        """Return the URL of this node's peer listener: --advertised-peer-url (which /healthz then tells peers as
+        ``peerUrl``), else the node's URL's host with the peer port (peers use the host they reached it at)."""
         if self.advertised_peer_url:
             return self.advertised_peer_url.rstrip("/")
         parts = urlsplit(self.url)

@@ -8,8 +8,9 @@ gets its own answer, or its own error.
 
 Every sub-request goes to the peer's internal endpoint (``wire.INTERNAL_PATH``; the peer answers from
 its own partitions only) on the peer's own listener for peers: members are known by the URL clients reach them
-at, and each tells where its peer listener is on ``/healthz`` (``peerUrl``: ``peer_url`` asks once and keeps
-it until a connection to it is refused — a node restarted with another --peer-port is asked again). Signed
+at, and each tells where its peer listener is on ``/healthz`` (its ``peerPort`` on the host it was reached at, or
+its ``peerUrl`` when set: ``peer_url`` asks once and keeps it until a connection to it is refused — a node
+restarted with another --peer-port is asked again). Signed
 with the cluster secret and carrying the caller (``peer_auth.PeerSigner``):
 the owner checks the caller may read each store. Explicit timeouts and connection limits; keep-alive
 connections are reused across requests. Counts what it sends per peer, and tells an optional PeerObserver
@@ -26,6 +27,7 @@ from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -161,7 +163,7 @@ class PeerClient:
         except httpx.HTTPError as exc:
             raise PeerUnavailableError(f"peer {url} is unreachable: {exc.__class__.__name__}") from exc
         try:
-            found = str(response.json()["peerUrl"]).rstrip("/")
+            found = _peer_listener(url, response.json())
         except (ValueError, KeyError, TypeError):
             raise PeerUnavailableError(
                 f"peer {url} names no peer listener on {HEALTH_PATH} (HTTP {response.status_code}): "
@@ -357,6 +359,18 @@ class PeerClient:
     async def node(self, url: str, caller: Principal) -> NodeInfo:
         """Return the peer's own node metadata."""
         return wire.decode_node((await self.query(url, wire.NODE, {}, caller))["node"])
+
+
+def _peer_listener(url: str, health: Any) -> str:
+    """Return the peer listener's URL a member's /healthz gives: its --advertised-peer-url, else the host it was
+    reached at with its peer port (what reached the clients' listener reaches the peers' on the same machine: a
+    node listening on 0.0.0.0 cannot say its own address)."""
+    if health.get("peerUrl"):
+        return str(health["peerUrl"]).rstrip("/")
+    port = int(health["peerPort"])
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 async def _events(lines: AsyncIterator[str]) -> AsyncGenerator[bytes, None]:

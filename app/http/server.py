@@ -86,9 +86,11 @@ def client_asgi(
     """
 
     async def healthz(_: Request) -> Response:
-        body = {"status": "alive", "node": node.settings.node_id}
-        if node.settings.has_peers:  # where peers send sub-requests (app.cluster.peers.PeerClient resolves it)
-            body["peerUrl"] = node.settings.peer_url
+        body: dict[str, Any] = {"status": "alive", "node": node.settings.node_id}
+        if node.settings.has_peers:  # where peers send sub-requests (app.cluster.peers.PeerClient.peer_url)
+            body["peerPort"] = node.settings.peer_listen_port
+            if node.settings.advertised_peer_url:
+                body["peerUrl"] = node.settings.peer_url
         return JSONResponse(body)
 
     async def readyz(_: Request) -> Response:

@@ -119,3 +119,13 @@ async def test_a_malformed_answer_to_coalesced_lookups_fails_each_of_them_and_ha
         timeout=10,
     )  # fmt: skip
     assert all(isinstance(a, PeerUnavailableError) for a in answers), answers
+
+
+def test_a_peer_listener_is_the_host_a_member_was_reached_at_with_its_peer_port_unless_advertised() -> None:
+    from iqgraph.app.cluster.peers import _peer_listener
+
+    assert _peer_listener("http://10.0.0.2:8000", {"peerPort": 18000}) == "http://10.0.0.2:18000"
+    assert _peer_listener("https://node-1.example:8443", {"peerPort": 9443}) == "https://node-1.example:9443"
+    assert _peer_listener("http://[fd00::2]:8000", {"peerPort": 18000}) == "http://[fd00::2]:18000"
+    advertised = {"peerPort": 18000, "peerUrl": "https://peers.node-1.example:443/"}  # behind NAT: what it says
+    assert _peer_listener("http://10.0.0.2:8000", advertised) == "https://peers.node-1.example:443"

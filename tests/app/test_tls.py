@@ -319,7 +319,7 @@ def test_a_client_trusting_the_test_ca_reads_forwarded_keys_over_https_equal_to_
 def test_clients_without_the_ca_and_plain_http_are_refused_on_both_listeners(tls_cluster: TlsCluster) -> None:
     url = tls_cluster.nodes[0].url
     with tls_cluster.pki.client() as trusted:
-        peer_url = trusted.get(f"{url}/healthz").json()["peerUrl"]  # the peers' listener: HTTPS as well
+        peer_url = f"{url.rsplit(':', 1)[0]}:{trusted.get(f'{url}/healthz').json()['peerPort']}"  # HTTPS as well
         assert peer_url.startswith("https://127.0.0.1:") and peer_url != url
         unsigned = trusted.post(f"{peer_url}/internal/graphql", json={"query": "{ node { id } }"})
         assert unsigned.status_code == 401  # reached over HTTPS with the CA; refused for lack of a signature

@@ -71,9 +71,9 @@ class NodeProcess:
 
     @property
     def peer_url(self) -> str:
-        """Return where the node's peer listener is, as its /healthz tells peers."""
-        url: str = httpx.get(f"{self.url}/healthz", timeout=10).json()["peerUrl"]
-        return url
+        """Return where the node's peer listener is, as its /healthz tells peers (its port on this host)."""
+        port = httpx.get(f"{self.url}/healthz", timeout=10).json()["peerPort"]
+        return f"{self.url.rsplit(':', 1)[0]}:{port}"
 
     def kill(self, timeout: float = 60) -> None:
         """Kill the node (SIGKILL) and wait until it has exited."""
