@@ -69,7 +69,7 @@ def watch_top_field(plan: StorePlan, entry: RankingEntry, names: TypeNames) -> F
             reports = ctx.reports  # what this read reports: the positions and lags of the copies that answered
             reports.positions.clear()
             reports.staleness.clear()
-            ranked = await ctx.queries.top(name, group, size, max_lag)
+            ranked = await ctx.queries.top(name, group, size, None, max_lag)
             positions = {(t, int(p)): offset for t, seen in reports.positions.items() for p, offset in seen.items()}
             lags = [e["lag"] for e in reports.staleness if e["store"] == name]
             return Top(ranked, positions, max(lags) if lags else None)

@@ -171,6 +171,15 @@ async def test_entity_watch_of_stores_the_caller_may_not_read_is_forbidden(shop:
     assert (await events.error())["extensions"]["code"] == "FORBIDDEN"
 
 
+async def test_watch_top_takes_a_staleness_bound(shop: LiveShop) -> None:
+    shop.write(orders(("c0", 2), ("c1", 1)))
+    bounded = "subscription { topWatchTop(first: 2, maxLag: 0) { entries { member value } lag } }"
+    events = await shop.subscribe(bounded, {})
+    (first,) = await events.take(1)
+    assert first == {"entries": [{"member": "c0", "value": 2}, {"member": "c1", "value": 1}], "lag": None}
+    await events.close()
+
+
 async def test_a_top_read_from_an_older_view_is_held_and_a_standbys_is_marked() -> None:
     """A standby lagging behind what the last event showed takes over (the active was killed): its top is held until
     it has caught up, never sent backwards; a standby's top no older than the last sent goes out with its lag."""
