@@ -79,6 +79,9 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="serve an Apollo Federation v2 subgraph: entities with @key, _service and _entities",
     )
+    parser.add_argument(
+        "--max-subscriptions", type=int, help="live watches followed at once; one more is refused (default 16384)"
+    )
     parser.add_argument("--membership", choices=["static", "kafka"], help="how nodes find each other (default static)")
     parser.add_argument("--peers", help="static membership: every node as id=URL (or URLs: node-0, node-1, …)")
     parser.add_argument("--standbys", type=int, help="standby copies of each partition on other nodes (default 0)")

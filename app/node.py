@@ -91,7 +91,8 @@ class Node:
         self.peers: PeerClient | None = None
         self.health: PeerHealth | None = None
         self.supervisor: QuerySupervisor | None = None
-        self.change_feed = ChangeFeed()  # what each committed batch changed, for the subscriptions
+        # what each committed batch changed, for the subscriptions (at most max_subscriptions watches at once)
+        self.change_feed = ChangeFeed(max_subscriptions=settings.max_subscriptions)
         self.live: Live | None = None
         self._hosted: dict[str, list[int]] = {}
         self.metrics = NodeMetrics(self._members, self._node_info, lambda: self.state.value, self._live_stats)

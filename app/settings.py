@@ -72,6 +72,7 @@ class Settings:
     header_timeout_s: float = 10.0  # a connection's request head (line and headers) must arrive within this
     keep_alive_timeout_s: int = 5  # an idle kept-alive connection is closed after this
     max_connections: int = 4_096  # open connections of the listener at most (one more: 503, closed)
+    max_subscriptions: int = 16_384  # live watches the node follows at once (one more: LIMIT_EXCEEDED)
     not_ready_deadline_ms: int = 2_000
     raw_endpoint: bool = False
     compiled: bool = True  # queries a compiled plan covers skip graphql-core's executor (IQGRAPH_COMPILED=false: off)
@@ -160,7 +161,8 @@ class Settings:
             "shuffle_partitions",
             *LIMITS,
         )
-        for name in (*positive, "stall_timeout_s", "header_timeout_s", "keep_alive_timeout_s", "max_connections"):
+        bounds = ("stall_timeout_s", "header_timeout_s", "keep_alive_timeout_s", "max_connections", "max_subscriptions")
+        for name in (*positive, *bounds):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive (--{name.replace('_', '-')})")
         if self.kafka_source not in ("kafka", "iqkafka"):

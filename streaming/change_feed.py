@@ -38,7 +38,7 @@ from iqgraph.streaming.subscription import Subscription
 
 DEFAULT_CAPACITY = 1_024
 DEFAULT_MAX_PENDING = 262_144
-DEFAULT_MAX_SUBSCRIPTIONS = 2_048
+DEFAULT_MAX_SUBSCRIPTIONS = 16_384  # a node answers 10,000 watches (bench/live.py: memory per subscription)
 
 
 @dataclass(frozen=True)
