@@ -16,8 +16,11 @@ One run, all on this machine:
    system of its Python process) from just before producing until it answers their counts;
 4. memory: the node process's RSS before and after opening ``--subscribers`` subscriptions over
    ``--connections`` websockets, each to ``--keys-per-sub`` keys of a pool of ``--pool`` new customers (so
-   they overlap), every first snapshot received. The subscriptions live in the node's Python process; Spark's
-   JVM is a child process, not counted;
+   they overlap; between ``--min-keys-per-sub`` and ``--keys-per-sub`` each), every first snapshot received. The
+   subscriptions live in the node's Python process; Spark's JVM is a child process, not counted;
+4b. with ``--load-rate R``: push beside poll again (2's measurement, on keys of its own), now with every
+   subscription open and R orders/s produced on their keys throughout, the notifications they get and the values
+   conflation dropped counted;
 5. cost: ``--fanout`` orders on the pool's keys produced at once; the node's CPU time from just before
    producing until every subscriber holds its keys' final counts, divided into the notifications delivered;
    less the ingest alone (3), what the notifications add;
@@ -26,7 +29,9 @@ One run, all on this machine:
 Target (issue 13; printed, not asserted): push adds ≤ 50 ms to produce → visible, i.e. push p50 ≤ poll p50 + 50.
 The poll figure includes half a poll period on average (the value waits for the next poll).
 
-Usage: ``flock /tmp/iqgraph-spark.lock .venv/bin/python bench/live.py [--samples N] [--subscribers N] …``.
+Usage: ``flock /tmp/iqgraph-spark.lock .venv/bin/python bench/live.py [--samples N] [--subscribers N] …``; issue 29's
+10,000 subscriptions on 1–20 keys at 200 changes/s: ``--subscribers 10000 --connections 100 --min-keys-per-sub 1
+--keys-per-sub 20 --pool 100000 --load-rate 200``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -188,9 +194,11 @@ async def poll(url: str, keys: Sequence[str], every_s: float, seen: Seen, stop: 
     return polls
 
 
-async def push_and_poll(args: argparse.Namespace, url: str, bootstrap: str, topic: str) -> dict[str, Any]:
-    """Measure produce → notified and produce → visible by polling, for the same orders."""
-    keys = [f"live-{i:04d}" for i in range(args.latency_keys)]
+async def push_and_poll(
+    args: argparse.Namespace, url: str, bootstrap: str, topic: str, prefix: str = "live"
+) -> dict[str, Any]:
+    """Measure produce → notified and produce → visible by polling, for the same orders (keys prefix-NNNN)."""
+    keys = [f"{prefix}-{i:04d}" for i in range(args.latency_keys)]
     pushed: Seen = {k: [] for k in keys}
     polled: Seen = {k: [] for k in keys}
     first = asyncio.get_running_loop().create_future()
@@ -251,6 +259,27 @@ def ingest_alone(args: argparse.Namespace, node: NodeProcess, bootstrap: str, to
     return {"cpu_s": (cpu_ms([node]) - before) / 1000, "wall_s": time.perf_counter() - started}
 
 
+def produce_steady(
+    bootstrap: str, topic: str, keys: Sequence[str], rate: float, stop: threading.Event, rng: random.Random
+) -> Counter[str]:
+    """Produce orders on random keys at rate per second until stop; return the count per key."""
+    producer = Producer({**JAVA_PARTITIONER, **BATCHING, "bootstrap.servers": bootstrap})
+    counts: Counter[str] = Counter()
+    started, n = time.perf_counter(), 0
+    while not stop.is_set():
+        delay = started + n / rate - time.perf_counter()
+        if delay > 0 and stop.wait(delay):
+            break
+        key = rng.choice(keys)
+        producer.produce(topic, key=key.encode(), value=order(key, n))
+        producer.poll(0)
+        counts[key] += 1
+        n += 1
+    if producer.flush(30.0):
+        raise RuntimeError("the steady load's orders were not all delivered in 30 s")
+    return counts
+
+
 class Fan:
     """The subscribers' view: per subscription its keys' counts, the notifications, whether each is done."""
 
@@ -291,8 +320,9 @@ class Fan:
 async def fan_out(args: argparse.Namespace, node: NodeProcess, bootstrap: str, topic: str) -> dict[str, Any]:
     """Open the subscriptions (RSS before and after), then produce on their keys and time the notifications."""
     rng = random.Random(SEED)
-    pool = [f"fan-{i:04d}" for i in range(args.pool)]
-    fan = Fan([rng.sample(pool, args.keys_per_sub) for _ in range(args.subscribers)])
+    pool = [f"fan-{i:06d}" for i in range(args.pool)]
+    fewest = args.min_keys_per_sub or args.keys_per_sub
+    fan = Fan([rng.sample(pool, rng.randint(fewest, args.keys_per_sub)) for _ in range(args.subscribers)])
     rss_before = rss_mib(node)
     sockets = [Socket(node.url, fan.on_event) for _ in range(args.connections)]
     for socket in sockets:
@@ -300,19 +330,38 @@ async def fan_out(args: argparse.Namespace, node: NodeProcess, bootstrap: str, t
     readers = [asyncio.create_task(s.read()) for s in sockets]
     for i, keys in enumerate(fan.sets):
         await sockets[i % len(sockets)].subscribe(str(i), keys)
-    deadline = time.monotonic() + 120
+    opened = time.perf_counter()
+    deadline = time.monotonic() + 600
     while fan.events < sum(map(len, fan.sets)):  # every key's first snapshot (no count yet)
         for reader in readers:
             if reader.done():
                 reader.result()  # raises what ended it
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{fan.events} first events of {sum(map(len, fan.sets))} in 120 s")
+            raise TimeoutError(f"{fan.events} first events of {sum(map(len, fan.sets))} in 600 s")
         await asyncio.sleep(0.05)
+    opened_s = time.perf_counter() - opened
     await asyncio.sleep(1.0)  # let the node's allocator settle before reading its RSS
     rss_after = rss_mib(node)
+    loaded: Counter[str] = Counter()
+    under_load = None
+    if args.load_rate:  # push beside poll again, while every subscription is open and args.load_rate orders/s land
+        fan.count_from_now()
+        stop = threading.Event()
+        steady = asyncio.create_task(
+            asyncio.to_thread(produce_steady, bootstrap, topic, pool, args.load_rate, stop, random.Random(SEED + 1))
+        )
+        under_load = await push_and_poll(args, node.url, bootstrap, topic, prefix="loaded")
+        stop.set()
+        loaded = await steady
+        under_load |= {
+            "orders_per_s": args.load_rate,
+            "orders": sum(loaded.values()),
+            "notifications": fan.events,
+            "dropped": fan.changes - fan.events,  # conflated: counted in each event's dropped
+        }
     fan.count_from_now()
     cpu_before, started = cpu_ms([node]), time.perf_counter()
-    fan.expect(await asyncio.to_thread(produce_keyed, bootstrap, topic, pool, args.fanout, rng))
+    fan.expect(loaded + await asyncio.to_thread(produce_keyed, bootstrap, topic, pool, args.fanout, rng))
     await asyncio.wait_for(fan.done.wait(), 300)
     took, cpu_s = time.perf_counter() - started, (cpu_ms([node]) - cpu_before) / 1000
     for socket in sockets:
@@ -321,6 +370,9 @@ async def fan_out(args: argparse.Namespace, node: NodeProcess, bootstrap: str, t
         reader.cancel()
     return {
         "subscriptions": args.subscribers,
+        "keys_watched": sum(map(len, fan.sets)),
+        "opened_s": round(opened_s, 1),
+        "under_load": under_load,
         "rss_before_mib": round(rss_before, 1),
         "rss_after_mib": round(rss_after, 1),
         "kib_per_subscription": round((rss_after - rss_before) * 1024 / args.subscribers, 1),
@@ -359,6 +411,21 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
     print(f"{fan['subscriptions']:,} subscriptions ({args.keys_per_sub} of {args.pool} keys each, "
           f"{args.connections} websockets): RSS {fan['rss_before_mib']} → {fan['rss_after_mib']} MiB, "
           f"{fan['kib_per_subscription']} KiB per subscription")  # fmt: skip
+    loaded = fan.get("under_load")
+    if loaded:
+        adds_99 = loaded["push"]["p99_ms"] - loaded["poll"]["p99_ms"]
+        figures["under_load_push_adds_ms"] = {
+            "p50": round(loaded["push"]["p50_ms"] - loaded["poll"]["p50_ms"], 1),
+            "p99": round(adds_99, 1),
+        }
+        print(
+            f"with every subscription open and {loaded['orders_per_s']:g} orders/s on their keys "
+            f"({loaded['orders']:,} orders, {loaded['notifications']:,} notifications, {loaded['dropped']} dropped):"
+        )
+        for label, m in (("push (notified)", loaded["push"]), (f"poll every {args.poll_ms:g} ms", loaded["poll"])):
+            print(f"  {label:<18} p50 {m['p50_ms']:7.1f} ms  p99 {m['p99_ms']:7.1f} ms  mean {m['mean_ms']:7.1f} ms")
+        print(f"  push adds {figures['under_load_push_adds_ms']['p50']:+.1f} ms at p50 (target ≤ 50), "
+              f"{adds_99:+.1f} ms at p99 (target ≤ 200); subscriptions opened in {fan['opened_s']} s")  # fmt: skip
     print(f"{fan['orders']:,} orders on their keys: {fan['notifications']:,} notifications ({fan['changes_in_them']:,} "
           f"changes) in {fan['wall_s']} s, node CPU {fan['cpu_s']} s → {figures['notifications_per_cpu_s']:,} "
           f"notifications per CPU-second; ingest alone {alone['cpu_s']:.2f} CPU-s → "
@@ -378,7 +445,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-keys", type=int, default=20)
     parser.add_argument("--subscribers", type=int, default=1_000)
     parser.add_argument("--connections", type=int, default=10, help="websockets the subscriptions share")
-    parser.add_argument("--keys-per-sub", type=int, default=2)
+    parser.add_argument("--keys-per-sub", type=int, default=2, help="keys per subscription (at most, with --min-...)")
+    parser.add_argument("--min-keys-per-sub", type=int, default=0, help="fewest keys per subscription (0: as many)")
+    parser.add_argument(
+        "--load-rate", type=float, default=0.0,
+        help="orders/s on the subscriptions' keys while push beside poll is measured again with every one open",
+    )  # fmt: skip
     parser.add_argument("--pool", type=int, default=500, help="keys the subscriptions choose from")
     parser.add_argument("--fanout", type=int, default=5_000, help="orders produced on the subscriptions' keys")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the node to start and catch up")
