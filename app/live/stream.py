@@ -26,12 +26,6 @@ log = logging.getLogger(__name__)
 
 PING = b": ping\n\n"  # a heartbeat: an event-stream comment
 
-FOLLOW_PATH = "/internal/follow"
-CHANGES_PATH = "/internal/changes"
-HEARTBEAT_S = 5.0
-MAX_FOLLOW_KEYS = 100_000  # keys one follow request may name (a relay opens another stream past it)
-_PING = b": ping\n\n"
-
 
 # -- the owner's side ------------------------------------------------------------------------------
 

@@ -287,12 +287,12 @@ async def test_one_subscribers_many_keys_do_not_end_the_others_watches(
     owner: LiveShop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every watch of one (peer, topic, caller, copy) shares ONE upstream whose interest is the union of their keys;
-    past what a peer accepts (live_stream.MAX_FOLLOW_KEYS) the owner refused it with LIMIT_EXCEEDED, fatal for every
+    past what a peer accepts (wire.MAX_FOLLOW_KEYS) the owner refused it with LIMIT_EXCEEDED, fatal for every
     member: a subscriber following 2 keys was ended because another (with auth off: anyone) asked for more. Shown
     with MAX_FOLLOW_KEYS = 3: the relays now open another upstream past it (100,000 in production)."""
-    from iqgraph.app.live import stream as live_stream
+    from iqgraph.schema import wire
 
-    monkeypatch.setattr(live_stream, "MAX_FOLLOW_KEYS", 3)  # the relays of served_by's Live are made after this
+    monkeypatch.setattr(wire, "MAX_FOLLOW_KEYS", 3)  # the relays of served_by's Live are made after this
     live = served_by(owner)
     first = live.watch("per_key", KEYS[:2])
     try:
