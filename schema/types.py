@@ -314,9 +314,10 @@ class StoreQueries(Protocol):
 class LiveChange:
     """One watched key's value, pushed after a committed batch or read from the store (snapshot).
 
-    position is where a resume picks up in partition once the subscriber has this change: every change of the
-    watched keys at or before it there has been delivered (or superseded by one delivered). Pass the last
-    position of each partition as ``after`` to resume without gap or duplicate.
+    position is the offset of the record that produced the value (``stores.positions``; -1: a key that never had
+    one). A partition's changes reach the subscriber in position order, so every change of the watched keys at or
+    before it there has been delivered (or superseded by one delivered). Pass the last position of each partition as
+    ``after`` to resume: exactly the values changed after it are sent.
     """
 
     key: Key

@@ -27,7 +27,7 @@ a failure is one ``error`` event, then the end of the stream:
     follow request {"topic": t, "interest": {store: {"<p>": [key, …]}}, "after": {"<p>": offset},
                     "windowFrom": {store: ms | null}, "standby": bool}
     rows event     data: {"p": partition, "o": position, "s": snapshot, "l": lag | null,
-                          "r": [[store, key, window start | null, state, dropped], …]}
+                          "r": [[store, key, window start | null, state, dropped, key position | null], …]}
     changes        request {"store": s}; event data: {"n": keys changed}
     error event    data: {"error": {"message": …, "extensions": {"code": …}}}
 
@@ -364,8 +364,9 @@ def decode_node(data: Mapping[str, Any]) -> NodeInfo:
 
 #: Per store, per partition, the keys followed.
 Interest = Mapping[str, Mapping[int, Sequence[Key]]]
-#: One key's state in one event: (store, key, window start or None, state, states conflated before it).
-Row = tuple[str, Key, int | None, Any, int]
+#: One key's state in one event: (store, key, window start or None, state, states conflated before it, position: the
+#: offset of the record that changed it — -1 for a key never written, None when not known; ``stores.positions``).
+Row = tuple[str, Key, int | None, Any, int, int | None]
 
 
 @dataclass(frozen=True)
@@ -446,7 +447,7 @@ def encode_rows(rows: Rows) -> bytes:
 
 def decode_rows(data: Mapping[str, Any]) -> Rows:
     """Return the rows of one event's data."""
-    rows = [(r[0], r[1], r[2], r[3], r[4]) for r in data["r"]]
+    rows = [(r[0], r[1], r[2], r[3], r[4], r[5] if len(r) > 5 else None) for r in data["r"]]  # an older peer: none
     return Rows(data["p"], data["o"], rows, data["s"], data["l"])
 
 

@@ -7,15 +7,26 @@ same batch, so count() is exact where approximate_num_entries() is RocksDB's est
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from iqgraph.stores.aggregations import Aggregation, merge_state
 from iqgraph.stores.codecs import Key, KeyCodec, decode_value, decode_values, encode_value, encode_values
 from iqgraph.stores.partition import PartitionDB, PartitionTransaction, entries_counter
+from iqgraph.stores.positions import KeyPositions, latest_positions
 from iqgraph.stores.scan import Page, inclusive_stop, paginate, prefix_stop
 from iqgraph.stores.spec import StoreKind
 
 DEFAULT_PAGE = 100
+
+
+@dataclass(frozen=True)
+class Merged:
+    """What a merge did: the new state of every key it touched, and the keys whose state changed, with the
+    position (record offset) that changed each — only when the merge was given positions."""
+
+    states: dict[bytes, Any] = field(default_factory=dict)
+    changed: dict[bytes, int] = field(default_factory=dict)
 
 
 class KeyValueStore:
@@ -30,6 +41,7 @@ class KeyValueStore:
         self.codec = KeyCodec(self.spec.key_type)
         self._finalize = self.spec.aggregation.finalize
         self._entries_counter = entries_counter(name)
+        self.positions = KeyPositions(db, name)
 
     def _value(self, raw: bytes | None) -> Any:
         return None if raw is None else self._finalize(decode_value(raw))
@@ -108,11 +120,17 @@ class KeyValueStore:
         return tx.multi_get(self.name, [encoded])[0] is not None
 
     def merge(
-        self, tx: PartitionTransaction, items: Iterable[tuple[Key, Any]], aggregation: Aggregation | None = None
-    ) -> dict[bytes, Any]:
+        self,
+        tx: PartitionTransaction,
+        items: Iterable[tuple[Key, Any]],
+        aggregation: Aggregation | None = None,
+        positions: Sequence[int] | None = None,
+    ) -> Merged:
         """Fold each (key, partial state) into the stored state with the store's aggregation.
 
-        Return the new state of every key the items touched, by encoded key (what a ranking of the store indexes).
+        positions: per item, the offset of the last record its partial covers: a key whose state changes gets the
+        largest of its items' (``stores.positions``). Return the new state of every key the items touched, by
+        encoded key (what a ranking of the store indexes), and those that changed.
         """
         agg = aggregation or self.spec.aggregation
         pairs = items if isinstance(items, list) else list(items)
@@ -121,7 +139,7 @@ class KeyValueStore:
         for key, (_, partial) in zip(encoded, pairs, strict=True):
             partials[key] = merge_state(agg, partials[key], partial) if key in partials else partial
         if not partials:
-            return {}
+            return Merged()
         keys = list(partials)
         olds = decode_values(tx.multi_get(self.name, keys))
         # A new key's state is its partial, so it is stored (and counted) unless that is null.
@@ -131,7 +149,12 @@ class KeyValueStore:
         # A key whose partials were all null (e.g. a sum over null values) gets no state.
         kept = [(key, state) for key, state in zip(keys, states, strict=True) if state is not None]
         tx.put_many(self.name, zip([key for key, _ in kept], encode_values([state for _, state in kept]), strict=True))
-        return dict(zip(keys, states, strict=True))
+        changed: dict[bytes, int] = {}
+        if positions is not None:
+            latest = latest_positions(encoded, positions)
+            changed = {k: latest[k] for k, old, new in zip(keys, olds, states, strict=True) if new != old}
+            self.positions.record(tx, changed)
+        return Merged(dict(zip(keys, states, strict=True)), changed)
 
     def put(self, tx: PartitionTransaction, key: Key, value: Any) -> None:
         """Store value under key, replacing any state."""
@@ -139,8 +162,13 @@ class KeyValueStore:
         self._count_entries(tx, 0 if self._exists(tx, encoded) else 1)
         tx.put(self.name, encoded, encode_value(value))
 
-    def delete(self, tx: PartitionTransaction, key: Key) -> None:
-        """Remove key (if it is stored)."""
+    def delete(self, tx: PartitionTransaction, key: Key, position: int | None = None) -> bool:
+        """Remove key (if it is stored); return whether it was. position: the tombstone's offset, kept as the
+        key's position when the key was stored (a resume then learns it was deleted)."""
         encoded = self.codec.encode(key)
-        self._count_entries(tx, -1 if self._exists(tx, encoded) else 0)
+        existed = self._exists(tx, encoded)
+        self._count_entries(tx, -1 if existed else 0)
         tx.delete(self.name, encoded)
+        if existed and position is not None:
+            self.positions.record(tx, {encoded: position})
+        return existed

@@ -74,6 +74,11 @@ class BloomSpec:
             raise ValueError("bloom capacity must be positive and error rate in (0, 1)")
 
 
+def positions_family(store: str) -> str:
+    """Return the column family of store's key positions (``stores.positions``)."""
+    return f"{store}.positions"
+
+
 @dataclass(frozen=True)
 class StoreSpec:
     """One store: its name (a column family in every partition database) and how it is kept."""
@@ -97,7 +102,9 @@ class StoreSpec:
     def column_families(self) -> tuple[str, ...]:
         """Return the column families this store owns in a partition database."""
         if self.kind is StoreKind.WINDOW:
-            return (self.name, f"{self.name}.by_time")
+            return (self.name, f"{self.name}.by_time", positions_family(self.name))
         if self.kind is StoreKind.RANKING:
             return (self.name, f"{self.name}.index")
+        if self.kind is StoreKind.KEY_VALUE:
+            return (self.name, positions_family(self.name))
         return (self.name,)

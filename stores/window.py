@@ -1,21 +1,23 @@
 """The window store view of one partition: values per key per time window, with grace and retention.
 
-Two column families: ``<store>`` keyed by window key (key, then window start: ordered by key, then
+Three column families: ``<store>`` keyed by window key (key, then window start: ordered by key, then
 time) and ``<store>.by_time`` keyed by window start then key (ordered by time), which serves fetch_all
-and lets retention drop the oldest windows without scanning every key. Stream time (the largest event
+and lets retention drop the oldest windows without scanning every key, and ``<store>.positions``, each
+window's position (``stores.positions``). Stream time (the largest event
 time applied), the count of late records and the exact number of (key, window) entries (counter
 ``count:<store>``) live in the meta family, written with each batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from iqgraph.stores.aggregations import Aggregation, merge_state
 from iqgraph.stores.codecs import Key, KeyCodec, decode_int64, decode_value, encode_int64, encode_value
 from iqgraph.stores.partition import META_CF, PartitionDB, PartitionTransaction, entries_counter
+from iqgraph.stores.positions import KeyPositions
 from iqgraph.stores.scan import Page, inclusive_stop, paginate, scan
 from iqgraph.stores.spec import StoreKind, WindowSpec
 
@@ -48,6 +50,7 @@ class WindowStore:
         self._stream_time_key = b"stream_time:" + name.encode()
         self._late_counter = f"late:{name}"
         self._entries_counter = entries_counter(name)
+        self.positions = KeyPositions(db, name)
 
     def stream_time(self) -> int | None:
         """Return the largest event time applied so far (None before the first record)."""
@@ -168,18 +171,22 @@ class WindowStore:
         stream_time: int | None,
         late: int = 0,
         aggregation: Aggregation | None = None,
+        positions: Sequence[int] | None = None,
     ) -> None:
         """Fold partial states per (key, window start) and advance stream time.
 
         Windows already closed (end + grace <= stream time before this batch) are not applied and
         count as late, as do the late records the caller found; windows past retention are dropped.
+        positions: per item, the offset of the last record its partial covers; a window whose state changes
+        gets the largest of its items' (``stores.positions``).
         """
         agg = aggregation or self.spec.aggregation
         before = self._stream_time_in(tx)
         after = before if stream_time is None else stream_time if before is None else max(before, stream_time)
         retained_from = self._expired_before(after)
         partials: dict[bytes, tuple[int, Any]] = {}
-        for key, start, partial in items:
+        latest: dict[bytes, int] = {}
+        for i, (key, start, partial) in enumerate(items):
             if self._closed(start, before):
                 late += 1
                 continue
@@ -188,21 +195,34 @@ class WindowStore:
             window_key = self.codec.encode_window_key(key, start)
             previous = partials.get(window_key)
             partials[window_key] = (start, merge_state(agg, previous and previous[1], partial))
-        self._apply(tx, [(k, start, p) for k, (start, p) in partials.items()], agg)
+            if positions is not None:
+                latest[window_key] = max(positions[i], latest.get(window_key, -1))
+        self._apply(tx, [(k, start, p) for k, (start, p) in partials.items()], agg, latest)
         if after is not None and after != before:
             tx.put(META_CF, self._stream_time_key, encode_int64(after))
             self._drop_expired(tx, retained_from)
         if late:
             tx.increment(self._late_counter, late)
 
-    def _apply(self, tx: PartitionTransaction, pairs: Sequence[tuple[bytes, int, Any]], agg: Aggregation) -> None:
+    def _apply(
+        self,
+        tx: PartitionTransaction,
+        pairs: Sequence[tuple[bytes, int, Any]],
+        agg: Aggregation,
+        positions: Mapping[bytes, int],
+    ) -> None:
         stored = tx.multi_get(self.name, [k for k, _, _ in pairs]) if pairs else []
         self._count_entries(tx, sum(raw is None for raw in stored))
+        changed: dict[bytes, int] = {}
         for (key, start, partial), raw in zip(pairs, stored, strict=True):
             if raw is None:
                 tx.put(self.index, encode_int64(start) + key, b"")
             old = None if raw is None else decode_value(raw)
-            tx.put(self.name, key, encode_value(merge_state(agg, old, partial)))
+            new = merge_state(agg, old, partial)
+            tx.put(self.name, key, encode_value(new))
+            if key in positions and new != old:
+                changed[key] = positions[key]
+        self.positions.record(tx, changed)
 
     def _drop_expired(self, tx: PartitionTransaction, retained_from: int) -> None:
         stop = encode_int64(retained_from)
@@ -215,6 +235,7 @@ class WindowStore:
         for index_key, window_key in zip(index_keys, window_keys, strict=True):
             tx.delete(self.index, index_key)
             tx.delete(self.name, window_key)
+        self.positions.forget(tx, window_keys)
 
     def aggregate(
         self, tx: PartitionTransaction, records: Iterable[tuple[Key, int, Any]], aggregation: Aggregation | None = None

@@ -7,7 +7,7 @@ with a transform (``store`` set). Output rows
 (``PARTIALS_SCHEMA``), told apart by ``kind``:
 
 - ``p``: a partial aggregate per (store, partition, key[, window start]); ``partial`` is a JSON array
-  holding the partial state, ``records`` how many records it covers;
+  holding the partial state, ``records`` how many records it covers, ``position`` the offset of the last;
 - ``late``: records that came after their window closed (``records``) per (store, partition);
 - ``st``: the largest event time per (store, partition) (``window_start``);
 - ``off``: the first (``window_start``) and last (``records``) offset seen per partition;
@@ -37,7 +37,8 @@ NARROW_SCHEMA = (
     "payload string, error string, raw_key binary, raw_value binary"
 )
 PARTIALS_SCHEMA = (
-    "kind string, store string, partition int, key string, window_start long, partial string, records long"
+    "kind string, store string, partition int, key string, window_start long, partial string, records long, "
+    "position long"
 )
 PARTIALS_ARROW = pa.schema(
     [
@@ -48,6 +49,7 @@ PARTIALS_ARROW = pa.schema(
         ("window_start", pa.int64()),
         ("partial", pa.string()),
         ("records", pa.int64()),
+        ("position", pa.int64()),
     ]
 )
 _LONG_MIN = -(1 << 63)
@@ -95,6 +97,7 @@ class _Rows:
         starts: list[Any] | None,
         partials: list[str],
         records: list[int],
+        positions: list[int],
     ) -> None:
         n = len(partitions)
         c = self.columns
@@ -105,6 +108,7 @@ class _Rows:
         c["window_start"].extend(starts if starts is not None else [None] * n)
         c["partial"].extend(partials)
         c["records"].extend(records)
+        c["position"].extend(positions)
 
     def batch(self) -> pa.RecordBatch:
         return pa.RecordBatch.from_pydict(self.columns, schema=PARTIALS_ARROW)
@@ -190,6 +194,7 @@ def _store_rows(table: pa.Table, plan: StorePlan, rows: _Rows) -> None:
         starts,
         partials,
         grouped["offset_count"].to_pylist(),
+        grouped["offset_max"].to_pylist(),
     )
 
 
@@ -221,11 +226,12 @@ def _user_rows(table: pa.Table, plan: StorePlan, user: UserAggregation, group_ke
     keys = list(zip(*groups, strict=True))
     starts = list(keys[2]) if plan.kind == "window" else None
     counts = [len(members) for members in groups.values()]
-    rows.extend("p", plan.name, list(keys[0]), list(keys[1]), starts, partials, counts)
+    positions = [max(offsets[i] for i in members) for members in groups.values()]
+    rows.extend("p", plan.name, list(keys[0]), list(keys[1]), starts, partials, counts, positions)
 
 
 def _aggregations(plan: StorePlan) -> list[Any]:
-    aggs = [("offset", "count")]
+    aggs = [("offset", "count"), ("offset", "max")]
     if plan.kind == "bloom" or plan.aggregation == "count":
         return aggs
     last = pc.ScalarAggregateOptions(skip_nulls=False)

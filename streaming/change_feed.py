@@ -245,11 +245,12 @@ def _route(
     for store, items in changes.items():
         every, index = feed.every_key.get(store), feed.by_key.get(store)
         if every:  # every key to these: one list, shared
-            made = [Change(store, *item, topic, partition, offset) for item in items]
+            made = [Change(store, k, w, state, topic, partition, offset, 0, at) for k, w, state, at in items]
             for sub in every:
                 routed.setdefault(sub, []).extend(made)
         if index:
-            keyed = [Change(store, *item, topic, partition, offset) for item in items if item[0] in index]
+            mine = (item for item in items if item[0] in index)
+            keyed = [Change(store, k, w, state, topic, partition, offset, 0, at) for k, w, state, at in mine]
             _route_keyed(routed, index, keyed)
     return routed
 

@@ -5,6 +5,9 @@ What a change holds per store kind: key-value — the key's new state, ``None`` 
 deleted it; window — each changed (key, window start) and its new state; bloom — ``True`` for each key the
 batch added (possibly already contained); ranking — a ``RankEntry`` for each member whose group or value
 changed. Windows dropped by retention are not published. States are shared: consumers must not mutate them.
+Each change carries its position: the offset of the record that changed it (``stores.positions``); a batch's
+changes are handed out in position order (``ordered``), so a subscriber that has a prefix of them has every
+change up to the position of the last it has.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from typing import Any, NamedTuple
 
 from iqgraph.stores import KeyCodec, PartitionTransaction
 from iqgraph.stores.codecs import decode_values
+from iqgraph.stores.kv import Merged
 
 #: Per watched store, the keys watched (a container), or None: every key.
 Interest = Mapping[str, Container[Any] | None]
-#: One changed key as the sink reports it: (key, window start or None, new state).
-KeyChange = tuple[Any, int | None, Any]
+#: One changed key as the sink reports it: (key, window start or None, new state, position or None: not known).
+KeyChange = tuple[Any, int | None, Any, int | None]
 
 
 class RankEntry(NamedTuple):
@@ -35,6 +39,7 @@ class Change(NamedTuple):
     offset is the partition's position once the batch is applied (its next offset: last record + 1), as
     ``Subscription.positions()`` and the read path's positions report it. dropped counts the earlier states of
     this (store, key, window, partition) the subscription conflated away since it delivered the last one.
+    position is the offset of the record that changed the key (None: not known).
     """
 
     store: str
@@ -45,6 +50,7 @@ class Change(NamedTuple):
     partition: int
     offset: int
     dropped: int = 0
+    position: int | None = None
 
 
 class ChangeSet:
@@ -65,16 +71,18 @@ class ChangeSet:
         watched = self.interest[store]
         return list(dict.fromkeys(keys if watched is None else (key for key in keys if key in watched)))
 
-    def states(self, store: str, codec: KeyCodec, keys: Iterable[Any], states: Mapping[bytes, Any]) -> None:
-        """Record the new states of the watched keys; states by encoded key (as KeyValueStore.merge returns)."""
+    def states(self, store: str, codec: KeyCodec, keys: Iterable[Any], merged: Merged) -> None:
+        """Record the new states of the watched keys the merge changed (merged: as KeyValueStore.merge returns)."""
         chosen = self.selected(store, keys)
         if chosen:
-            found = [(key, states.get(encoded)) for key, encoded in zip(chosen, codec.encode_many(chosen), strict=True)]
-            self._add(store, [(key, None, state) for key, state in found if state is not None])
+            found = zip(chosen, codec.encode_many(chosen), strict=True)
+            changed = merged.changed
+            self._add(store, [(k, None, merged.states[e], changed[e]) for k, e in found if e in changed])
 
-    def constant(self, store: str, keys: Iterable[Any], state: Any) -> None:
-        """Record state for each watched key of keys (True for a bloom's adds, None for a table's deletes)."""
-        self._add(store, [(key, None, state) for key in self.selected(store, keys)])
+    def constant(self, store: str, keys: Iterable[Any], state: Any, positions: Mapping[Any, int]) -> None:
+        """Record state for each watched key of keys (True for a bloom's adds, None for a table's deletes), at its
+        position (positions: by key)."""
+        self._add(store, [(key, None, state, positions.get(key)) for key in self.selected(store, keys)])
 
     def rows(
         self,
@@ -83,12 +91,13 @@ class ChangeSet:
         family: str,
         rows: Sequence[tuple[Any, int | None, bytes]],
         state: Callable[[Any, Any], Any] | None = None,
+        positions: Mapping[bytes, int] | None = None,
     ) -> Callable[[], None]:
         """Read rows (key, window start, stored key) of family now; return what records those changed, later.
 
         For stores whose merge does not return the new states (windows, rankings): the second read comes from
         the transaction's pending writes; a row left as it was (a late window) is not a change. state makes a
-        change's state of the stored values before and after (default: the one after).
+        change's state of the stored values before and after (default: the one after); positions: by stored key.
         """
         if not rows:
             return _nothing
@@ -102,13 +111,23 @@ class ChangeSet:
             if state is not None:
                 olds = decode_values(old for _, old, _ in changed)
                 states = [state(old, new) for old, new in zip(olds, states, strict=True)]
-            self._add(store, [(row[0], row[1], s) for (row, _, _), s in zip(changed, states, strict=True)])
+            at = positions or {}
+            found = zip(changed, states, strict=True)
+            self._add(store, [(row[0], row[1], s, at.get(row[2])) for (row, _, _), s in found])
 
         return after
+
+    def ordered(self) -> dict[str, list[KeyChange]]:
+        """Return each store's changes in position order (what is published)."""
+        return {store: sorted(items, key=_position) for store, items in self.by_store.items()}
 
     def _add(self, store: str, items: list[KeyChange]) -> None:
         if items:
             self.by_store.setdefault(store, []).extend(items)
+
+
+def _position(item: KeyChange) -> tuple[bool, int]:
+    return (item[3] is None, item[3] or 0)  # not known: last
 
 
 def _nothing() -> None:

@@ -57,6 +57,7 @@ from iqgraph.stores import (
     WindowStore,
 )
 from iqgraph.stores.codecs import decode_values
+from iqgraph.stores.kv import Merged
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.change_set import ChangeSet, Interest, rank_entry
 from iqgraph.streaming.dead_letter import DeadLetterQueue
@@ -87,7 +88,8 @@ class PartitionBatch:
 
     first_offset: int = -1
     last_offset: int = -1
-    partials: dict[str, list[tuple[Any, int | None, Any, int]]] = field(default_factory=lambda: defaultdict(list))
+    #: per store: (key, window start, partial state, records, position: the offset of its last record)
+    partials: dict[str, list[tuple[Any, ...]]] = field(default_factory=lambda: defaultdict(list))
     late: dict[str, int] = field(default_factory=dict)
     stream_time: dict[str, int] = field(default_factory=dict)
     bad: list[tuple[str | None, dict[str, Any]]] = field(default_factory=list)
@@ -195,10 +197,10 @@ def _v2_offset(line: str) -> str:
 def _parse(table: pa.Table) -> dict[int, PartitionBatch]:
     columns = [table.column(name).to_pylist() for name in table.schema.names]
     batches: dict[int, PartitionBatch] = defaultdict(PartitionBatch)
-    for kind, store, partition, key, window_start, partial, records in zip(*columns, strict=True):
+    for kind, store, partition, key, window_start, partial, records, position in zip(*columns, strict=True):
         batch = batches[partition]
         if kind == "p":
-            batch.partials[store].append((key, window_start, orjson.loads(partial)[0], records))
+            batch.partials[store].append((key, window_start, orjson.loads(partial)[0], records, position))
         elif kind == "off":
             first = window_start if batch.first_offset < 0 else min(batch.first_offset, window_start)
             batch.first_offset, batch.last_offset = first, max(batch.last_offset, records)
@@ -381,7 +383,7 @@ class StoreSink:
     def _committed(self, partition: int, end: int, changes: ChangeSet | None) -> None:
         """Tell the change feed (its watched changes) and on_commit that partition is applied up to end."""
         if changes is not None and changes is not _NO_CHANGES and self.change_feed is not None:
-            self.change_feed.publish(self.topic.name, partition, end, changes.by_store)
+            self.change_feed.publish(self.topic.name, partition, end, changes.ordered())
         if self.on_commit is not None:
             self.on_commit(partition, end)
 
@@ -405,29 +407,32 @@ class StoreSink:
             if store.kind is StoreKind.RANKING:
                 continue  # below, once the store it ranks is merged
             watched = changes.watches(store.name)
+            positions = _positions(batch, items)
             if store.kind is StoreKind.KEY_VALUE and self.topic.table:
-                changelog = [(k, it[2]) for k, it in zip(keys, items, strict=True)]
-                states = _apply_changelog(stores, store.name, tx, changelog)
+                changelog = [(k, it[2], at) for k, it, at in zip(keys, items, positions, strict=True)]
+                done = _apply_changelog(stores, store.name, tx, changelog)
                 if watched:
-                    _table_changes(changes, stores, store.name, changelog, states)
+                    changes.states(store.name, stores.kv(store.name).codec, keys, done)
+                    changes.constant(store.name, done.deleted, None, done.deleted)
             elif store.kind is StoreKind.KEY_VALUE:
                 pairs = [(k, it[2]) for k, it in zip(keys, items, strict=True)]
                 view = stores.kv(store.name)
-                merged[store.name] = view.merge(tx, pairs)
+                found = view.merge(tx, pairs, positions=positions)
+                merged[store.name] = found.states
                 if watched:
-                    changes.states(store.name, view.codec, keys, merged[store.name])
+                    changes.states(store.name, view.codec, keys, found)
             elif store.kind is StoreKind.WINDOW:
                 window_items = [(k, int(it[1] or 0), it[2]) for k, it in zip(keys, items, strict=True)]
                 stream_time = batch.stream_time.get(store.name)
                 window = stores.window(store.name)
-                recorded = _window_changes(changes, tx, window, window_items) if watched else None
-                window.merge(tx, window_items, stream_time, batch.late.get(store.name, 0))
+                recorded = _window_changes(changes, tx, window, window_items, positions) if watched else None
+                window.merge(tx, window_items, stream_time, batch.late.get(store.name, 0), positions=positions)
                 if recorded is not None:
                     recorded()
             else:
                 stores.bloom(store.name).add(tx, keys)
                 if watched:
-                    changes.constant(store.name, keys, True)
+                    changes.constant(store.name, keys, True, dict(zip(keys, positions, strict=True)))
         for store, keys in keyed:
             if store.kind is StoreKind.RANKING:
                 groups = [it[2] for it in batch.partials.get(store.name, [])]
@@ -509,36 +514,49 @@ class StoreSink:
         return counted
 
 
+@dataclass(frozen=True)
+class _TableChanges(Merged):
+    """What a table's batch did: Merged for the keys given a value, and the keys its tombstones deleted (by key:
+    the tombstone's position)."""
+
+    deleted: dict[Any, int] = field(default_factory=dict)
+
+
 def _apply_changelog(
-    stores: PartitionStores, name: str, tx: PartitionTransaction, items: list[tuple[Any, Any]]
-) -> dict[bytes, Any]:
-    """Apply a table's last change per key of the batch: a value replaces the key's, a tombstone (None) deletes it.
-
-    Return the new states of the keys given a value, by encoded key.
-    """
+    stores: PartitionStores, name: str, tx: PartitionTransaction, items: list[tuple[Any, Any, int]]
+) -> _TableChanges:
+    """Apply a table's last change per key of the batch (key, value, position): a value replaces the key's, a
+    tombstone (None) deletes it."""
     table = stores.kv(name)
-    states = table.merge(tx, [(key, value) for key, value in items if value is not None])
-    for key, value in items:
-        if value is None:
-            table.delete(tx, key)
-    return states
+    valued = [(key, value, at) for key, value, at in items if value is not None]
+    merged = table.merge(tx, [(key, value) for key, value, _ in valued], positions=[at for _, _, at in valued])
+    deleted = {key: at for key, value, at in items if value is None and table.delete(tx, key, at)}
+    return _TableChanges(merged.states, merged.changed, deleted)
 
 
-def _table_changes(
-    changes: ChangeSet, stores: PartitionStores, name: str, items: list[tuple[Any, Any]], states: Mapping[bytes, Any]
-) -> None:
-    """Record a table's watched changes: new states, and None for the keys its tombstones deleted."""
-    changes.states(name, stores.kv(name).codec, [key for key, value in items if value is not None], states)
-    changes.constant(name, [key for key, value in items if value is None], None)
+def _positions(batch: PartitionBatch, items: list[tuple[Any, ...]]) -> list[int]:
+    """Return each partial's position: the offset of its last record (a partial built without one — by hand, in a
+    test — stands at the batch's last offset)."""
+    return [it[4] if len(it) > 4 and it[4] is not None else batch.last_offset for it in items]
 
 
 def _window_changes(
-    changes: ChangeSet, tx: PartitionTransaction, window: WindowStore, items: list[tuple[Any, int, Any]]
+    changes: ChangeSet,
+    tx: PartitionTransaction,
+    window: WindowStore,
+    items: list[tuple[Any, int, Any]],
+    positions: list[int],
 ) -> Callable[[], None]:
     """Read the watched windows of items before their merge; return what records those the merge changed."""
     watched = set(changes.selected(window.name, (key for key, _, _ in items)))
-    rows = {(k, start): window.codec.encode_window_key(k, start) for k, start, _ in items if k in watched}
-    return changes.rows(window.name, tx, window.name, [(k, start, raw) for (k, start), raw in rows.items()])
+    rows: dict[tuple[Any, int], bytes] = {}
+    latest: dict[bytes, int] = {}
+    for (k, start, _), at in zip(items, positions, strict=True):
+        if k in watched:
+            raw = rows.setdefault((k, start), window.codec.encode_window_key(k, start))
+            latest[raw] = max(at, latest.get(raw, -1))
+    found = [(k, start, raw) for (k, start), raw in rows.items()]
+    return changes.rows(window.name, tx, window.name, found, positions=latest)
 
 
 def _rank(

@@ -147,7 +147,7 @@ def _fill(hosted: dict[str, dict[int, PartitionStores]]) -> None:
             members = list(dict.fromkeys(m for m, *_ in mine))
             branch = {m: b for m, _, b, _ in mine}
             stored = stores.kv("loan_count").codec.encode_many(members)
-            values = [counts[k] for k in stored]
+            values = [counts.states[k] for k in stored]
             stores.ranking("top_borrowers").update(tx, members, [branch[m] for m in members], values)
         stores.db.set_state(PartitionState.RUNNING)
 

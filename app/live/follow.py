@@ -55,9 +55,11 @@ def read_rows(
     partition: int,
     window_from: Mapping[str, int | None],
 ) -> list[Row]:
-    """Return the states of partition's watched keys (blocks on RocksDB: run it in a worker thread).
+    """Return the states of partition's watched keys and their positions (blocks on RocksDB: run it in a worker
+    thread).
 
-    Key-value keys a store does not hold are rows with state None; a bloom's keys only when contained.
+    Key-value keys a store does not hold are rows with state None (position -1 if never written, else where a
+    tombstone deleted it); a bloom's keys only when contained, with no position (``stores.positions``).
     """
     rows: list[Row] = []
     for name, by_partition in interest.items():
@@ -66,19 +68,23 @@ def read_rows(
             continue
         kind = app.store(name).kind
         if kind is StoreKind.KEY_VALUE:
-            states = stores.kv(name).multi_get(keys, states=True)
-            rows += [(name, key, None, state, 0) for key, state in zip(keys, states, strict=True)]
+            view = stores.kv(name)
+            states = view.multi_get(keys, states=True)
+            positions = view.positions.read(view.codec.encode_many(keys))
+            rows += [
+                (name, key, None, state, 0, -1 if state is None and at is None else at)
+                for key, state, at in zip(keys, states, positions, strict=True)
+            ]
         elif kind is StoreKind.WINDOW:
             lower = window_from.get(name)
             window = stores.window(name)
-            rows += [
-                (name, w.key, w.start, w.value, 0)
-                for key in keys
-                for w in window.fetch(key, FAR_PAST if lower is None else lower, FAR_FUTURE, states=True)
-            ]
+            start = FAR_PAST if lower is None else lower
+            found = [w for key in keys for w in window.fetch(key, start, FAR_FUTURE, states=True)]
+            positions = window.positions.read([window.codec.encode_window_key(w.key, w.start) for w in found])
+            rows += [(name, w.key, w.start, w.value, 0, at) for w, at in zip(found, positions, strict=True)]
         else:
             contained = stores.bloom(name).might_contain_many(keys)
-            rows += [(name, key, None, True, 0) for key, found in zip(keys, contained, strict=True) if found]
+            rows += [(name, key, None, True, 0, None) for key, found in zip(keys, contained, strict=True) if found]
     return rows
 
 
@@ -162,7 +168,10 @@ async def _next(subscription: Subscription, check_every_s: float, check: Callabl
         found = subscription.poll()
         if found is None:
             try:
-                found = await asyncio.wait_for(subscription.next(), check_every_s)
+                # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes as a change does, and the
+                # follower (a closed subscription's source) would go on following, its connection never closed
+                async with asyncio.timeout(check_every_s):
+                    found = await subscription.next()
             except TimeoutError:
                 check()
                 continue
@@ -176,7 +185,7 @@ def _batches(changes: Sequence[Change], lag: Callable[[int], int | None]) -> lis
     """Return changes as Rows, one per run of the same (partition, offset): the feed delivers them in order."""
     found: list[Rows] = []
     for change in changes:
-        row = (change.store, change.key, change.window_start, change.state, change.dropped)
+        row = (change.store, change.key, change.window_start, change.state, change.dropped, change.position)
         last = found[-1] if found else None
         if last is not None and last.partition == change.partition and last.position == change.offset:
             last.rows.append(row)

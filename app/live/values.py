@@ -9,10 +9,12 @@ producers mixing partitioners: ``app.query.merging``), then finalized. Per store
 - window: the windows starting at or after ``window_from``, then each changed window;
 - bloom: a key once, the first time a snapshot or a batch has it (false never becomes true twice).
 
-Positions: a change's ``position`` is where a resume picks up in its partition once the subscriber has it
-(``Subscription.positions`` for a pushed change). The changes of one partition's snapshot all carry the
-position the subscriber was last told (its last pushed change's) but the last, which carries the snapshot's:
-a subscriber that stops halfway through a snapshot reads the partition again when it resumes.
+Positions: a change's ``position`` is the offset of the record that produced its value (``stores.positions``:
+-1 for a key never written). A snapshot sends only what changed since the subscriber's position in each partition
+(``since``: a resume's, or where a replaced source left it), and sends a partition's values in position order, as
+batches are: a subscriber that stops halfway has every value up to the last position it got, and a resume after it
+is sent exactly the rest. A value whose position is not known (a state written before positions were kept, a bloom
+key) is always sent, last, at the snapshot's last offset.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from iqgraph.streaming.change_set import Change
 from iqgraph.streaming.definitions import StoreDefinition
 from iqgraph.streaming.snapshots import Snapshot
 
-#: One state read or changed: (key, window start or None, state).
-Row = tuple[Key, int | None, Any]
+#: One state read or changed: (key, window start or None, state, position or None: not known).
+Row = tuple[Key, int | None, Any, int | None]
 _SKIP = object()  # nothing to send for a row (a bloom key sent already)
 
 
@@ -55,37 +57,36 @@ class WatchedKeys:
 
     # -- what is sent --------------------------------------------------------------------------------
 
-    def snapshot(self, snapshots: Mapping[int, Snapshot[list[Row]]], before: Mapping[int, int]) -> list[LiveChange]:
-        """Return what the snapshots newer than the subscriber's view hold, partition by partition.
+    def snapshot(self, snapshots: Mapping[int, Snapshot[list[Row]]], since: Mapping[int, int]) -> list[LiveChange]:
+        """Return what the snapshots hold that changed since the subscriber's positions, partition by partition.
 
-        A key (window) held by several partitions is sent once, with the last newer partition that holds it,
-        merged over every partition's snapshot. before: the positions the subscriber was last told (a
-        partition without one: 0).
+        since: per partition, the subscriber's position there (a next offset: it has every change before it); a
+        partition not in it is sent whole. A key (window) held by several partitions is sent once, with the last
+        partition that changed it since, merged over every partition's snapshot.
         """
-        newer = sorted(p for p, s in snapshots.items() if s.newer)
         sender: dict[tuple[Key, int | None], int] = {}
         for p, found in snapshots.items():
-            for key, start, state in found.value:
+            for key, start, state, position in found.value:
                 if start is not None and self.window_from is not None and start < self.window_from:
                     continue  # a window before the subscriber's from (a relay reads every member's)
                 self._remember(key, start, p, state)
-                if found.newer:
+                if found.newer and _changed_since(position, since.get(p)):
                     sender[(key, start)] = max(p, sender.get((key, start), p))
         changes: list[LiveChange] = []
-        for p in newer:
+        for p in sorted(p for p, s in snapshots.items() if s.newer):
+            last = snapshots[p].position - 1
             rows = [row for row in snapshots[p].value if sender.get((row[0], row[1])) == p]
             made = [
-                (key, start, value)
-                for key, start, state in rows
+                (last if position is None else position, key, start, value)
+                for key, start, state, position in rows
                 if (value := self._value(key, start, p, state)) is not _SKIP
             ]
-            for i, (key, start, value) in enumerate(made):
-                position = snapshots[p].position if i == len(made) - 1 else before.get(p, 0)
-                changes.append(self._change(key, start, value, p, position, snapshot=True))
+            made.sort(key=_first)
+            changes += [self._change(key, start, value, p, at, snapshot=True) for at, key, start, value in made]
         return changes
 
     def change(self, change: Change, position: int) -> LiveChange | None:
-        """Return what a change of the feed sends (None: nothing); position: the subscriber's, once it has it."""
+        """Return what a change of the feed sends (None: nothing); position: its own when it has none."""
         key, start, p = change.key, change.window_start, change.partition
         if p not in self._partitions.get(key, ()):
             return None  # a partition reads of the key do not ask (a misrouted record): not part of its value
@@ -95,7 +96,8 @@ class WatchedKeys:
         value = self._value(key, start, p, change.state)
         if value is _SKIP:
             return None
-        return self._change(key, start, value, p, position, dropped=change.dropped)
+        at = position if change.position is None else change.position
+        return self._change(key, start, value, p, at, dropped=change.dropped)
 
     def _remember(self, key: Key, start: int | None, partition: int, state: Any) -> None:
         if len(self._partitions.get(key, ())) > 1:
@@ -130,6 +132,15 @@ class WatchedKeys:
         window = self.definition.window
         end = None if start is None or window is None else start + window.size_ms
         return LiveChange(key, value, partition, position, start, end, dropped, snapshot)
+
+
+def _changed_since(position: int | None, since: int | None) -> bool:
+    """Return whether a value at position is newer than a subscriber's position since (None: it has none)."""
+    return since is None or position is None or position >= since
+
+
+def _first(made: tuple[int, Key, int | None, Any]) -> int:
+    return made[0]
 
 
 def _merged(definition: StoreDefinition, states: Iterable[Any]) -> Any:

@@ -223,7 +223,8 @@ class Live:
         ]
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), CHANGES_START_S)
+                async with asyncio.timeout(CHANGES_START_S):  # not wait_for: see _Watch.run
+                    await asyncio.gather(*(e.wait() for e in started))
             for task in tasks:
                 if task.done() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
@@ -289,7 +290,8 @@ class Live:
                 if broadcast.started.is_set():
                     ready.set()
                 try:
-                    item = await asyncio.wait_for(queue.get(), 0.1) if not ready.is_set() else await queue.get()
+                    async with asyncio.timeout(None if ready.is_set() else 0.1):  # not wait_for: see _Watch.run
+                        item = await queue.get()
                 except TimeoutError:
                     continue
                 if isinstance(item, BaseException):
@@ -398,10 +400,9 @@ class _Watch:
         self.routed = routed
         self.watched = WatchedKeys(definition, routed, window_from)
         self.window_from = {definition.name: window_from}
-        self.positions = dict(after)  # per partition: what the subscriber's values stand for (sources resume there)
-        #: per partition: the position the last pushed change carried (a batch's earlier changes carry it: a batch
-        #: or snapshot whose every value the subscriber had already moves positions, not what it was told)
-        self.told = dict(after)
+        #: per partition: the next offset the subscriber's values stand for (it has every change before it; sources
+        #: resume there): a resume's after is the last change it got, so one past it
+        self.positions = {p: offset + 1 for p, offset in after.items()}
         self.principal = principal
         self.max_lag = max_lag
         self.queue: asyncio.Queue[tuple[int, Rows | BaseException]] = asyncio.Queue()
@@ -441,7 +442,10 @@ class _Watch:
                         continue
                     delay = min(delay or PROMOTE_EVERY_S, self.promote_at - now)
                 try:
-                    tag, item = await asyncio.wait_for(self.queue.get(), delay) if delay else await self.queue.get()
+                    # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes as the item does
+                    # (and loses the item), so a subscriber's watch would outlive its connection
+                    async with asyncio.timeout(delay or None):
+                        tag, item = await self.queue.get()
                 except TimeoutError:
                     continue
                 self.taken.set()
@@ -625,20 +629,14 @@ class _Watch:
             return []  # a replica behind the subscriber, or a relay's snapshot for a newer member
         name = self.definition.name
         if newer[0].snapshot:
-            snapshots = {
-                rows.partition: Snapshot(rows.position, [(k, w, s) for n, k, w, s, _ in rows.rows if n == name], True)
-                for rows in newer
-            }
-            made = self._unsent(
-                self.watched.snapshot(snapshots, {rows.partition: self.told.get(rows.partition, 0) for rows in newer}),
-                {rows.partition: rows.position for rows in newer},
-            )
+            snapshots = {rows.partition: Snapshot(rows.position, _own(rows, name), True) for rows in newer}
+            since = {p: self.positions[p] for p in snapshots if p in self.positions}
+            made = self._unsent(self.watched.snapshot(snapshots, since))
         else:
             (rows,) = newer
             made = self._changes(rows)
         for change in made:
             self.sent[(change.key, change.window_start)] = change.value
-            self.told[change.partition] = change.position
         lags = {rows.partition: rows.lag for rows in newer}
         for rows in newer:
             self.positions[rows.partition] = rows.position
@@ -646,30 +644,32 @@ class _Watch:
             return made
         return [dataclasses.replace(c, lag=lags.get(c.partition)) for c in made]
 
-    def _unsent(self, made: list[LiveChange], positions: Mapping[int, int]) -> list[LiveChange]:
-        """Return a snapshot's changes but the values the subscriber has already (a source replaced mid-stream
-        reads every key again); each partition's last change left carries the snapshot's position."""
+    def _unsent(self, made: list[LiveChange]) -> list[LiveChange]:
+        """Return a snapshot's changes but the values the subscriber has already (a value with no position, read
+        again when a source is replaced mid-stream)."""
         if not self.started or not self.sent:
             return made
-        kept = [c for c in made if self.sent.get((c.key, c.window_start), _NOTHING) != c.value]
-        last: dict[int, int] = {c.partition: i for i, c in enumerate(kept)}
-        for p, i in last.items():
-            kept[i] = dataclasses.replace(kept[i], position=positions[p])
-        return kept
+        return [c for c in made if self.sent.get((c.key, c.window_start), _NOTHING) != c.value]
 
     def _changes(self, rows: Rows) -> list[LiveChange]:
-        """Return one batch's changes of the watched keys; the last carries the batch's position."""
+        """Return one batch's changes of the watched keys the subscriber does not have, each at its own position."""
         made = []
-        have = self.told.get(rows.partition, 0)
-        for store, key, start, state, dropped in rows.rows:
-            if store == self.definition.name:
-                change = Change(store, key, start, state, self.topic, rows.partition, rows.position, dropped)
-                found = self.watched.change(change, have)
-                if found is not None and self.sent.get((key, start), _NOTHING) != found.value:
-                    made.append(found)  # a replica whose batches end elsewhere may bring a value sent already
-        if made:  # one who stops before the batch's last change has the rest sent again on a resume
-            made[-1] = dataclasses.replace(made[-1], position=rows.position)
+        since = self.positions.get(rows.partition)
+        for store, key, start, state, dropped, position in rows.rows:
+            if store != self.definition.name:
+                continue
+            if since is not None and position is not None and position < since:
+                continue  # a replica whose batches end elsewhere: a change the subscriber has
+            change = Change(store, key, start, state, self.topic, rows.partition, rows.position, dropped, position)
+            found = self.watched.change(change, rows.position - 1)
+            if found is not None and self.sent.get((key, start), _NOTHING) != found.value:
+                made.append(found)
         return made
+
+
+def _own(rows: Rows, store: str) -> list[tuple[Key, int | None, Any, int | None]]:
+    """Return the rows of store as the watched keys read them: (key, window start, state, position)."""
+    return [(key, start, state, at) for name, key, start, state, _, at in rows.rows if name == store]
 
 
 def _cancel(task: asyncio.Task[None]) -> None:

@@ -11,7 +11,7 @@ keys, from, after)``                snapshot }``: the keys' windows starting at 
                                     window's new value
 ``itemsSoldWatchContains(keys)``    ``ItemsSoldContained { key position snapshot }``: each key once, when it
                                     is (probably) contained — already, or when a batch adds it
-``Position { partition offset }``   where the subscriber stands in a partition; ``after: [PositionInput!]``
+``Position { partition offset }``   the offset of the record that produced a value; ``after: [PositionInput!]``
                                     (the last position of each partition) resumes without gap or duplicate
 ==================================  =======================================================================
 
@@ -51,7 +51,10 @@ if TYPE_CHECKING:
     from iqgraph.schema.entities.fields import EntityPlan
 
 _KEYS = "The keys to follow."
-_AFTER = "Resume: the last position received of each partition (changes at or before it are not sent again)."
+_AFTER = (
+    "Resume: the last position received of each partition. Exactly the values changed after it are sent (none at or "
+    "before it); a partition not given is read whole."
+)
 _FROM = "The earliest window start (inclusive); none: every window."
 _POSITION = "Where a resume picks up in this change's partition: give the last one of each partition as after."
 _LAG = (
@@ -80,7 +83,12 @@ class PositionTypes:
             names.new("Position"),
             [
                 data_field("partition", int, "The topic's partition."),
-                data_field("offset", Long, "Every change up to this offset (exclusive: a next offset) was sent."),
+                data_field(
+                    "offset",
+                    Long,
+                    "The offset of the record that produced this value (-1: a key that never had one). A partition's "
+                    "changes come in offset order: every change up to it was sent.",
+                ),
             ],
             "Where a subscriber stands in one partition of a store's topic.",
         )
@@ -262,14 +270,16 @@ async def follow(
 
 
 def checked_after(after: Sequence[Any] | None) -> dict[int, int] | None:
-    """Return the positions of an after argument by partition; INVALID_ARGUMENT for a negative or repeated one."""
+    """Return the positions of an after argument by partition; INVALID_ARGUMENT for a negative or repeated one (an
+    offset may be -1: the position of a key that never had a value)."""
     if after is None:
         return None
     found: dict[int, int] = {}
     for position in after:
         partition, offset = int(position.partition), int(position.offset)
-        if partition < 0 or offset < 0:
-            raise invalid_argument("after", f"partition {partition}, offset {offset}: both must be >= 0")
+        if partition < 0 or offset < -1:
+            wanted = "a partition >= 0, an offset >= -1"
+            raise invalid_argument("after", f"partition {partition}, offset {offset}: {wanted}")
         if partition in found:
             raise invalid_argument("after", f"partition {partition} is given twice")
         found[partition] = offset

@@ -110,6 +110,10 @@ class Run:
     follower: Follower | None = None  # a subscriber on node-1 for keys of every partition (issue 13)
     others: list[Follower] = field(default_factory=list)  # more watches of node-0's and node-2's keys
     top: TopFollower | None = None  # node-1 following the top 5 customers by spend
+    #: a subscriber on node-1 that goes away before the kill, and the one that resumes after its positions while
+    #: node-2 is down (node-2's partitions from node-0's standbys, through node-1's relays)
+    went_away: Follower | None = None
+    resumed: Follower | None = None
     upstreams: float = -1  # node-1's live upstreams with every follower on
 
 
@@ -207,10 +211,13 @@ def run(broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.Tem
         result.upstreams = scrape(nodes[1].url).value("iqgraph_live_upstreams")
         result.top = TopFollower(nodes[1])
         result.top.start()
+        result.went_away = Follower(nodes[1], [k for keys in by_partition.values() for k in keys[1:]])
+        result.went_away.start()
         load = Load(nodes[:2], result.keys, ingest)
         ingest.start()
         load.start()
         time.sleep(WARM_UP_S)
+        result.went_away.stop()
         with httpx.Client() as client:
             # killed while it applies the live ingest, not at rest with only the initial batch
             result.applied_at_kill = wait_applying(client, nodes[2])
@@ -218,6 +225,8 @@ def run(broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.Tem
             nodes[2].process.send_signal(signal.SIGKILL)
             nodes[2].process.wait(timeout=60)
             wait_standby_served(result, load)
+            result.resumed = Follower(nodes[1], result.went_away.keys, result.went_away.positions())
+            result.resumed.start()
             result.restarted = time.monotonic()
             nodes[2] = restart_node(nodes[2])
             watch_restore(result, client)
@@ -232,7 +241,7 @@ def run(broker: KafkaBroker, make_topic: MakeTopic, tmp_path_factory: pytest.Tem
         if load is not None:
             load.stop()
         if result is not None:
-            for followed in (result.follower, *result.others, result.top):
+            for followed in (result.follower, *result.others, result.top, result.went_away, result.resumed):
                 if followed is not None:
                     followed.stop()
         for node in nodes:
@@ -331,9 +340,11 @@ def test_a_subscriber_on_another_node_follows_through_the_kill_without_gap_or_du
 ) -> None:
     """node-1 follows keys of every partition: its own, node-0's (one upstream to node-0) and node-2's — across
     node-2's kill -9 those come from node-0's standby copies, their lag reported, then from node-2 again once it
-    serves; every value is the ground truth at its position, and every key ends exact."""
-    follower = run.follower
-    assert follower is not None
+    serves; every value is the ground truth at its position, and every key ends exact. A subscriber that went away
+    before the kill and resumed after its last positions while node-2 was down gets exactly the values that changed
+    since: none at or before its positions, none missed, each the ground truth at its own position."""
+    follower, went_away, resumed = run.follower, run.went_away, run.resumed
+    assert follower is not None and went_away is not None and resumed is not None
     wait_caught_up(run)
     await_values(follower, Counter(run.ingest.keys))
     # orders of node-2's followed keys once it serves again: they come from node-2, the active (no lag)
@@ -352,6 +363,17 @@ def test_a_subscriber_on_another_node_follows_through_the_kill_without_gap_or_du
 
     wrong = wrong_values(events, truth_at)
     assert not wrong, f"{len(wrong)} of {len(events)} events: {wrong[:5]}"
+    await_values(resumed, Counter(run.ingest.keys + more.keys), since=went_away)
+    again, after = list(resumed.events), resumed.after or {}
+    assert not resumed.errors and not wrong_values(again, truth_at), wrong_values(again, truth_at)[:5]
+    repeated = [e for e in again if e.offset <= after.get(e.partition, -1)]
+    assert not repeated, f"{len(repeated)} values at or before {after}: {repeated[:5]}"
+    changed = {k for k in resumed.keys if in_partition[_partition(k)][after.get(_partition(k), -1) + 1 :].count(k)}
+    assert {e.key for e in again} == changed  # every key that changed since, and no other
+    print(
+        f"resumed: {len(again)} events after {after}, {sum(e.snapshot for e in again)} read at the resume, "
+        f"{len(changed)} of {len(resumed.keys)} keys changed since, 0 at or before the positions"
+    )
     pushed = [e for e in events if not e.snapshot]
     assert sum(1 + e.dropped for e in pushed) >= len(pushed) > len(follower.keys)
     during = [e for e in events if run.killed <= e.at <= run.ready and e.partition in (2, 5)]
@@ -364,14 +386,18 @@ def test_a_subscriber_on_another_node_follows_through_the_kill_without_gap_or_du
     )
 
 
-def await_values(follower: Follower, truth: Counter[str], timeout: float = 30) -> None:
-    """Wait until the follower's last value of every key is truth's."""
+def await_values(follower: Follower, truth: Counter[str], timeout: float = 30, since: Follower | None = None) -> None:
+    """Wait until the follower's last value of every key is truth's (since: what a resumed one had before)."""
     deadline = time.monotonic() + timeout
-    while follower.latest() != {k: truth[k] for k in follower.keys} and time.monotonic() < deadline:
+
+    def latest() -> dict[str, int | None]:
+        return {**(since.latest() if since is not None else {}), **follower.latest()}
+
+    while latest() != {k: truth[k] for k in follower.keys} and time.monotonic() < deadline:
         assert not follower.errors, follower.errors
         time.sleep(0.2)
     assert not follower.errors, follower.errors
-    assert follower.latest() == {k: truth[k] for k in follower.keys}
+    assert latest() == {k: truth[k] for k in follower.keys}
 
 
 def _order(key: str, n: int) -> dict[str, Any]:

@@ -41,7 +41,10 @@ def shop(tmp_path: Path) -> Iterator[LiveShop]:
 
 def positions_of(events: list[dict[str, Any]]) -> list[dict[str, int]]:
     """Return the last position of each partition in events, as a resume's after."""
-    last = {e["position"]["partition"]: e["position"]["offset"] for e in events}
+    last: dict[int, int] = {}
+    for e in events:
+        p = e["position"]["partition"]
+        last[p] = max(last.get(p, -1), e["position"]["offset"])
     return [{"partition": p, "offset": offset} for p, offset in sorted(last.items())]
 
 
@@ -81,11 +84,22 @@ async def test_every_change_arrives_once_in_offset_order_with_the_value_the_stor
 async def test_a_resume_after_the_last_positions_has_no_gap_and_no_duplicate(shop: LiveShop) -> None:
     on_0 = [k for k in KEYS if where(k) == 0][:3]
     watched = on_0 + [k for k in KEYS if where(k) == 1][:3]
+    quiet_on_0 = [k for k in KEYS if where(k) == 0 and k not in watched][0]
     held: dict[str, Any] = {}  # what the client shows
+
+    def exact(events: list[dict[str, Any]]) -> None:
+        """Each value is the store's at the offset of the key's last order, which its position names."""
+        for e in events:
+            assert e["position"]["offset"] == shop.orders.changed_at.get(e["key"], -1), e
+            assert e["value"] == shop.count(e["key"]), e
+
     results = await shop.subscribe(WATCH, {"keys": watched})
     events = await results.take(len(watched))
+    assert all(e["position"]["offset"] == -1 for e in events)  # no key has a value yet
     shop.write([(k, "pen", 0) for k in watched])
-    events += await results.take(len(watched))
+    pushed = await results.take(len(watched))
+    exact(pushed)
+    events += pushed
     held.update({e["key"]: e["value"] for e in events})
     await results.close()
 
@@ -95,28 +109,38 @@ async def test_a_resume_after_the_last_positions_has_no_gap_and_no_duplicate(sho
     shop.write([(on_0[0], "pen", 0)])
     (event,) = await results.take(1)
     assert (event["key"], event["value"], event["snapshot"]) == (on_0[0], 2, False)
+    exact([event])
     events.append(event)
     held[event["key"]] = event["value"]
     await results.close()
 
-    # written while away, in partition 0 only: its keys come back as read from the store, partition 1 stays quiet
-    shop.write([(k, "pen", 0) for k in on_0] + [(on_0[0], "pen", 0)])
-    results = await shop.subscribe(WATCH, {"keys": watched, "after": positions_of(events)})
-    resumed = await results.take(len(on_0))
-    assert {e["key"] for e in resumed} == set(on_0) and all(e["snapshot"] for e in resumed)
-    assert resumed[-1]["position"] == {"partition": 0, "offset": shop.position(0)}
+    # written while away, in partition 0 only: exactly the keys that changed come back, at their own positions,
+    # in position order; the quiet key and partition 1 send nothing, though partition 0 moved past them
+    shop.write([(on_0[1], "pen", 0), (quiet_on_0, "pen", 0), (on_0[0], "pen", 0)])
+    shop.write([(quiet_on_0, "pen", 0)])
+    after = positions_of(events)
+    results = await shop.subscribe(WATCH, {"keys": watched, "after": after})
+    resumed = await results.take(2)
+    assert [e["key"] for e in resumed] == [on_0[1], on_0[0]] and all(e["snapshot"] for e in resumed)
+    exact(resumed)
     assert await results.quiet()
     held.update({e["key"]: e["value"] for e in resumed})
     assert held == {k: shop.count(k) for k in watched}
+    last = {a["partition"]: a["offset"] for a in after}
+    assert all(e["position"]["offset"] > last[e["position"]["partition"]] for e in resumed)  # none at or before
 
-    # stopped halfway through a batch: the position given is from before it, so the rest is not lost
+    # stopped halfway through a batch: changes come in position order, so a resume after the last one received is
+    # sent exactly the rest of the batch
     shop.write([(k, "pen", 0) for k in on_0])
     half = await results.take(1)
-    assert half[0]["position"]["offset"] < shop.position(0)
+    assert half[0]["key"] == on_0[0]
+    exact(half)
     await results.close()
     results = await shop.subscribe(WATCH, {"keys": watched, "after": positions_of(events + resumed + half)})
-    again = await results.take(len(on_0))
-    assert {e["key"]: e["value"] for e in again} == {k: shop.count(k) for k in on_0}
+    again = await results.take(2)
+    assert [e["key"] for e in again] == on_0[1:]
+    exact(again)
+    assert await results.quiet()
     await results.close()
 
 
@@ -231,7 +255,7 @@ async def test_limits_and_bad_arguments_are_coded_errors(tmp_path: Path) -> None
     try:
         error = await (await shop.subscribe(WATCH, {"keys": KEYS[:4]})).error()
         assert error["extensions"] == {"code": "LIMIT_EXCEEDED", "limit": 3, "requested": 4}
-        bad = [{"partition": 0, "offset": -1}]
+        bad = [{"partition": 0, "offset": -2}]
         error = await (await shop.subscribe(WATCH, {"keys": KEYS[:1], "after": bad})).error()
         assert error["extensions"] == {"code": "INVALID_ARGUMENT", "argument": "after"}
         first = await shop.subscribe(WATCH, {"keys": KEYS[:1]})

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from iqgraph.app.live import follow
 from iqgraph.app.live.follow import Interest, Rows
 from iqgraph.app.live.relay import Relays
 from iqgraph.app.live.watch import Live
@@ -129,7 +130,7 @@ async def test_subscribers_coming_and_going_leave_no_upstream_behind() -> None:
     for n in range(1, 4):
         watch = live.watch("per_key", [key])
         first = asyncio.ensure_future(anext(watch))
-        (await upstreams.opening(n)).put_nowait(Rows(where(key), 1, [("per_key", key, None, 1, 0)], True))
+        (await upstreams.opening(n)).put_nowait(Rows(where(key), 1, [("per_key", key, None, 1, 0, 0)], True))
         assert (await first).value == 1
         await watch.aclose()
     await asyncio.sleep(0.2)
@@ -205,16 +206,16 @@ async def test_a_joining_watch_gets_every_key_even_when_a_change_of_a_shared_key
     shared, other = [k for k in KEYS if where(k) == p][:2]
     first = live.watch("per_key", [shared])
     reading = asyncio.ensure_future(anext(first))
-    (await upstreams.opening(1)).put_nowait(Rows(p, 5, [("per_key", shared, None, 1, 0)], True))
+    (await upstreams.opening(1)).put_nowait(Rows(p, 5, [("per_key", shared, None, 1, 0, 4)], True))
     assert (await reading).value == 1
     second = live.watch("per_key", [shared, other])
     taking = asyncio.ensure_future(quiet(second, 1.5))  # what it gets in 1.5 s
     relay = next(iter(live.relays._relays.values()))
     while len(relay.members) < 2:  # the turn it joins: before the relay's task restarts the upstream
         await asyncio.sleep(0)
-    upstreams.queues[0].put_nowait(Rows(p, 6, [("per_key", shared, None, 2, 0)], False))  # a batch, as it joins
+    upstreams.queues[0].put_nowait(Rows(p, 6, [("per_key", shared, None, 2, 0, 5)], False))  # a batch, as it joins
     restarted = await upstreams.opening(2)
-    restarted.put_nowait(Rows(p, 6, [("per_key", shared, None, 2, 0), ("per_key", other, None, 7, 0)], True))
+    restarted.put_nowait(Rows(p, 6, [("per_key", shared, None, 2, 0, 5), ("per_key", other, None, 7, 0, 3)], True))
     try:
         got = await taking
     finally:
@@ -311,13 +312,13 @@ async def test_one_subscribers_many_keys_do_not_end_the_others_watches(
         await first.aclose()
 
 
-# -- a batch whose every value the subscriber had moves the watch's position, not what the subscriber was told -----
+# -- each change carries its own position; a replica's batch ending elsewhere re-sends nothing the subscriber has --
 
 
-async def test_a_batch_of_values_sent_already_does_not_move_the_position_the_next_changes_carry() -> None:
-    """A replica whose batches end elsewhere re-sends a value the subscriber has (nothing is pushed), then a batch
-    brings two changes: the first carries the position of the last change pushed, not the silent batch's — a
-    value stands for the position that ends its run, as the failover tests check against the ground truth."""
+async def test_each_change_carries_its_records_position_and_a_replica_re_sends_nothing_the_watch_has() -> None:
+    """A snapshot's values come in position order, each at the offset of the record that produced it; a replica
+    whose batches end elsewhere sends changes at positions the subscriber has (none is pushed, whatever its value),
+    then changes past them (each pushed at its own position)."""
     upstreams = Upstreams()
     live = RelayedLive(lambda caller: upstreams.open)
     p = where(KEYS[0])
@@ -326,11 +327,37 @@ async def test_a_batch_of_values_sent_already_does_not_move_the_position_the_nex
     try:
         reading = asyncio.ensure_future(take(watch, 2))
         queue = await upstreams.opening(1)
-        queue.put_nowait(Rows(p, 5, [("per_key", a, None, 1, 0), ("per_key", b, None, 1, 0)], True))
-        assert [(c.value, c.position) for c in await reading] == [(1, 0), (1, 5)]
-        queue.put_nowait(Rows(p, 6, [("per_key", a, None, 1, 0)], False))  # a value it has: nothing pushed
-        queue.put_nowait(Rows(p, 9, [("per_key", a, None, 2, 0), ("per_key", b, None, 3, 0)], False))
+        queue.put_nowait(Rows(p, 5, [("per_key", a, None, 1, 0, 3), ("per_key", b, None, 1, 0, 1)], True))
+        assert [(c.key, c.value, c.position) for c in await reading] == [(b, 1, 1), (a, 1, 3)]
+        queue.put_nowait(Rows(p, 6, [("per_key", a, None, 9, 0, 4)], False))  # before the snapshot's 5: it has it
+        queue.put_nowait(Rows(p, 9, [("per_key", a, None, 2, 0, 6), ("per_key", b, None, 3, 0, 8)], False))
         got = await take(watch, 2)
     finally:
         await watch.aclose()
-    assert [(c.key, c.value, c.position) for c in got] == [(a, 2, 5), (b, 3, 9)]
+    assert [(c.key, c.value, c.position) for c in got] == [(a, 2, 6), (b, 3, 8)]
+
+
+# -- a follower cancelled just as a change comes ends (its connection closes) -----------------------------------------
+
+
+async def test_a_follower_cancelled_as_a_change_comes_ends() -> None:
+    """A subscriber that leaves as a batch is published: its follower is cancelled while the feed wakes it. Each
+    interleaving of the wake-up and the cancellation ends the follower (asyncio.wait_for on Python 3.11 swallowed the
+    cancellation when the change won the race: the follower went on following, its task and connection never ended)."""
+    feed = ChangeFeed()
+    for turns in range(4):  # the loop's turns between the change's wake-up and the cancellation
+        for _ in range(10):
+            subscription = feed.subscribe(TOPIC, {"per_key": None})
+            follower = asyncio.ensure_future(follow._next(subscription, 5.0, lambda: None))
+            await asyncio.sleep(0.001)  # it waits in the feed
+            feed.publish(TOPIC, 0, 1, {"per_key": [("a", None, 1, 0)]})
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            if follower.done():  # it had the change before it was cancelled: nothing to check
+                subscription.close()
+                continue
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(follower), 1.0)
+            assert follower.cancelled(), f"the follower went on after its cancellation ({turns} turns)"
+            subscription.close()

@@ -34,7 +34,7 @@ def drain(sub: Any) -> list[Change]:
 
 
 def kv(*pairs: tuple[Any, Any]) -> list[KeyChange]:
-    return [(key, None, state) for key, state in pairs]
+    return [(key, None, state, None) for key, state in pairs]
 
 
 # -- the feed alone ------------------------------------------------------------------------------
@@ -78,9 +78,9 @@ def test_a_slow_subscriber_gets_the_latest_state_once_with_the_number_dropped() 
 def test_a_window_key_conflates_per_window_and_a_column_keyed_key_per_partition() -> None:
     feed = ChangeFeed()
     sub = feed.subscribe(TOPIC, {"per_minute": None})
-    feed.publish(TOPIC, 0, 1, {"per_minute": [("a", 0, 1), ("a", MINUTE, 1)]})
-    feed.publish(TOPIC, 1, 1, {"per_minute": [("a", 0, 5)]})
-    feed.publish(TOPIC, 0, 2, {"per_minute": [("a", 0, 2)]})
+    feed.publish(TOPIC, 0, 1, {"per_minute": [("a", 0, 1, 0), ("a", MINUTE, 1, 0)]})
+    feed.publish(TOPIC, 1, 1, {"per_minute": [("a", 0, 5, 0)]})
+    feed.publish(TOPIC, 0, 2, {"per_minute": [("a", 0, 2, 1)]})
     got = [(c.key, c.window_start, c.partition, c.state, c.dropped) for c in drain(sub)]
     assert got == [("a", MINUTE, 0, 1, 0), ("a", 0, 1, 5, 0), ("a", 0, 0, 2, 1)]
 
@@ -289,11 +289,14 @@ def test_the_sink_publishes_each_committed_batch_per_store_kind(shop: Any) -> No
     }
     assert {c.offset for c in got.values()} == {3} and {c.partition for c in got.values()} == {p}
     assert got[("per_key", "c1", None)].state == 2
+    # each change is at the offset of the record that changed it: c1's second order, the ink order's window
+    assert got[("per_key", "c1", None)].position == 1 and got[("top", other, None)].position is None  # a ranking's
+    assert got[("per_minute", "c1", START_MS + MINUTE)].position == 1 and got[("items", "pen", None)].position == 2
     assert got[("items", "pen", None)].state is True
     assert got[("top", "c1", None)].state == RankEntry(None, 2, None)
     assert got[("per_minute", "c1", START_MS)].state == 1
     # only the watched stores and keys were collected
-    assert {s: {k for k, _, _ in c} for s, c in feed.published[-1][2].items() if s in ("per_key", "per_minute")} == {
+    assert {s: {k for k, *_ in c} for s, c in feed.published[-1][2].items() if s in ("per_key", "per_minute")} == {
         "per_key": {"c1"},
         "per_minute": {"c1"},
     }

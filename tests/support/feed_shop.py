@@ -53,6 +53,7 @@ class Orders:
 
     def __init__(self) -> None:
         self.offsets = {0: 0, 1: 0}
+        self.changed_at: dict[str, int] = {}  # per key: the offset of its last order (its per_key position)
 
     def batches(self, orders: Sequence[tuple[str, str, int]]) -> dict[int, PartitionBatch]:
         batches: dict[int, PartitionBatch] = {}
@@ -62,9 +63,13 @@ class Orders:
             self.offsets[p] += len(mine)
             keys = [key for key, _, _ in mine]
             windows = [(key, START_MS + minute * MINUTE) for key, _, minute in mine]
-            batch.partials["per_key"] = [(k, None, keys.count(k), keys.count(k)) for k in dict.fromkeys(keys)]
-            batch.partials["top"] = [(k, None, None, keys.count(k)) for k in dict.fromkeys(keys)]
-            batch.partials["per_minute"] = [(k, s, windows.count((k, s)), 1) for k, s in dict.fromkeys(windows)]
-            batch.partials["items"] = [(item, None, None, 1) for item in dict.fromkeys(i for _, i, _ in mine)]
+            at = {key: batch.first_offset + i for i, key in enumerate(keys)}  # each key's last record
+            window_at = {w: batch.first_offset + i for i, w in enumerate(windows)}
+            item_at = {item: batch.first_offset + i for i, (_, item, _) in enumerate(mine)}
+            self.changed_at.update(at)
+            batch.partials["per_key"] = [(k, None, keys.count(k), keys.count(k), at[k]) for k in dict.fromkeys(keys)]
+            batch.partials["top"] = [(k, None, None, keys.count(k), at[k]) for k in dict.fromkeys(keys)]
+            batch.partials["per_minute"] = [(k, s, windows.count((k, s)), 1, window_at[(k, s)]) for k, s in window_at]
+            batch.partials["items"] = [(item, None, None, 1, item_at[item]) for item in item_at]
             batch.stream_time["per_minute"] = max(s for _, s in windows)
         return batches

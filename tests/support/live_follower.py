@@ -15,8 +15,8 @@ from websockets.exceptions import ConnectionClosed
 from tests.support.nodes import NodeProcess
 from tests.support.transport_ws import TransportWS, websocket
 
-FOLLOW = """subscription($keys: [String!]!) {
-  orderCountWatch(keys: $keys) { key value snapshot dropped lag position { partition offset } }
+FOLLOW = """subscription($keys: [String!]!, $after: [PositionInput!]) {
+  orderCountWatch(keys: $keys, after: $after) { key value snapshot dropped lag position { partition offset } }
 }"""
 
 
@@ -87,18 +87,30 @@ class _Subscriber:
 
 
 class Follower(_Subscriber):
-    """Follow keys' order counts, every event kept with the time it came."""
+    """Follow keys' order counts, every event kept with the time it came; after: resume after those positions."""
 
     query = FOLLOW
 
-    def __init__(self, node: NodeProcess, keys: Sequence[str]) -> None:
+    def __init__(self, node: NodeProcess, keys: Sequence[str], after: dict[int, int] | None = None) -> None:
         super().__init__(node)
         self.keys = list(keys)
+        self.after = after
         self.variables = {"keys": self.keys}
+        if after is not None:
+            self.variables["after"] = [{"partition": p, "offset": o} for p, o in sorted(after.items())]
         self.events: list[Followed] = []
 
     def started(self) -> bool:
+        if self.after is not None:
+            return True  # a resume sends only what changed since: nothing to wait for
         return {e.key for e in self.events} == set(self.keys)  # the first value of every key
+
+    def positions(self) -> dict[int, int]:
+        """Return the last position received of each partition (a resume's after)."""
+        last: dict[int, int] = {}
+        for e in list(self.events):
+            last[e.partition] = max(e.offset, last.get(e.partition, -1))
+        return last
 
     def latest(self) -> dict[str, int | None]:
         """Return each key's last value received."""
@@ -156,33 +168,26 @@ class TopFollower(_Subscriber):
 
 
 def wrong_values(events: Sequence[Followed], truth_at: Callable[[str, int], int]) -> list[str]:
-    """Return the events whose value is not the ground truth at the position it stands for, a pushed value that
-    repeats (a duplicate) and positions that go back.
+    """Return the events whose value is not the ground truth at the position it carries, whose position is not the
+    offset of one of the key's records, a pushed value that repeats (a duplicate) and positions that go back.
 
-    truth_at(key, offset): the key's count over its partition's records before offset. Every event of a batch
-    (or a snapshot) but the last carries the position from before it, the last the batch's: a value stands for
-    the position that ends its run. Every partition holds records when the follower starts (positions > 0).
+    truth_at(key, offset): the key's count over its partition's records before offset. Each event carries the
+    position of the record that produced its value (-1: a key that never had one), in position order per partition.
     """
     wrong: list[str] = []
     ends: dict[int, int] = {}
-    runs: dict[int, list[Followed]] = {}
     pushed: dict[str, int] = {}
     for e in events:
-        end, run = ends.get(e.partition, 0), runs.setdefault(e.partition, [])
-        if e.offset < end:
-            wrong.append(f"{e.key}: offset {e.offset} of partition {e.partition} after {end}")
-        run.append(e)
-        if e.offset > end:
-            wrong += [
-                f"{r.key}: {r.value} at offset {e.offset} of partition {r.partition}, not {truth_at(r.key, e.offset)}"
-                for r in run
-                if (r.value or 0) != truth_at(r.key, e.offset)
-            ]
-            ends[e.partition] = e.offset
-            run.clear()
+        if e.offset < ends.get(e.partition, -1):
+            wrong.append(f"{e.key}: offset {e.offset} of partition {e.partition} after {ends[e.partition]}")
+        ends[e.partition] = max(e.offset, ends.get(e.partition, -1))
+        truth = truth_at(e.key, e.offset + 1)
+        if (e.value or 0) != truth:
+            wrong.append(f"{e.key}: {e.value} at offset {e.offset} of partition {e.partition}, not {truth}")
+        if e.offset >= 0 and truth - truth_at(e.key, e.offset) != 1:
+            wrong.append(f"{e.key}: position {e.offset} of partition {e.partition} is not one of its records")
         if not e.snapshot:
             if (e.value or 0) <= pushed.get(e.key, -1):
                 wrong.append(f"{e.key}: pushed {e.value} after {pushed[e.key]}")
             pushed[e.key] = e.value or 0
-    wrong += [f"{r.key}: {r.value} of a batch whose last change never came" for run in runs.values() for r in run]
     return wrong
