@@ -9,7 +9,10 @@ relations and FORBIDDEN per store work as in ``products(keys)``), read anew for 
 key's entity once, read after its key-value stores' current values have come (the subscription follows from
 there: nothing committed later is missed); then, each time a batch changes a key in one of the entity's
 stores, that key's entity once (the changes that come while events are read or sent make one event per key).
-Two stores changed by one batch may send the key twice. The stores are followed by
+Two stores changed by one batch may send the key twice. An entity never goes backwards unmarked: an event whose
+reads a standby answered says so in the event's ``extensions.staleness`` (store, partition, node, lag, as a
+query's), and a read that saw a partition before the offset an earlier event was read at (a lagging standby taking
+over after a kill) is read again until it does not (``read_forward``). The stores are followed by
 ``LiveQueries.watch`` (key-value, window, bloom); a ranking composed into an entity is not followed (its
 field is read with each event, not a reason for one). A store the caller may not read is not followed (its
 field is FORBIDDEN in each event); none readable: FORBIDDEN. There is no ``after``: a resumed subscription
@@ -19,9 +22,10 @@ starts again with every key's entity.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Sequence
+import functools
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import strawberry
 
@@ -29,7 +33,7 @@ from iqgraph.schema.access import Principal, check_read
 from iqgraph.schema.dynamic import Arg, Field, list_of, optional, resolver_with
 from iqgraph.schema.entities.batches import EntityBatch, EntityRef, Reads, read_ahead
 from iqgraph.schema.errors import store_errors
-from iqgraph.schema.live.fields import fresh_reads, live_queries, stream_of, subscription_field
+from iqgraph.schema.live.fields import Seen, Shown, fresh_reads, live_queries, seen_by, stream_of, subscription_field
 from iqgraph.schema.resolving import StorePlan, context
 from iqgraph.schema.types import LiveChange, LiveQueries
 from iqgraph.stores import Key
@@ -38,6 +42,8 @@ if TYPE_CHECKING:
     from iqgraph.schema.entities.fields import EntityPlan
 
 WATCHED_KINDS = ("key_value", "window", "bloom")
+HOLD_S = 0.1  # how soon an entity read that saw an older view than the last event's is read again
+T = TypeVar("T")
 
 
 def entity_watch_field(plan: EntityPlan, cls: type, reads: Reads) -> Field | None:
@@ -54,12 +60,18 @@ def entity_watch_field(plan: EntityPlan, cls: type, reads: Reads) -> Field | Non
             checked = list(dict.fromkeys(kind.check(key) for key in keys))
         stores = _readable(followed, ctx.principal)
         changed = changed_keys(live_queries(ctx), stores, checked, ctx.principal)
+        shown = Shown()
+
+        async def read(dirty: list[Key]) -> EntityBatch:
+            fresh_reads(ctx)
+            batch = EntityBatch(dirty, None)
+            await read_ahead(info, batch, reads)  # every store the selection asks: one read per round
+            return batch
+
         with store_errors():
             async with aclosing(changed) as rounds:
                 async for dirty in rounds:
-                    fresh_reads(ctx)
-                    batch = EntityBatch(dirty, None)
-                    await read_ahead(info, batch, reads)  # every store the selection asks: one read per round
+                    batch = await read_forward(functools.partial(read, dirty), functools.partial(seen_by, ctx), shown)
                     for index, key in enumerate(dirty):
                         yield EntityRef(key, index, batch)
 
@@ -72,6 +84,20 @@ def entity_watch_field(plan: EntityPlan, cls: type, reads: Reads) -> Field | Non
         about += f" Not followed (read with each event, not a reason for one): {', '.join(skipped)}."
     args = [Arg("keys", "keys", list_of(kind.annotation), "The keys to follow.")]
     return subscription_field(f"{plan.field}Watch", resolver_with(watch, args, stream_of(optional(cls))), about)
+
+
+async def read_forward(
+    read: Callable[[], Awaitable[T]], seen: Callable[[], Seen], shown: Shown, hold_s: float = HOLD_S
+) -> T:
+    """Return read() once what it saw is no older than what earlier events showed (``schema.live.fields.Shown``):
+    an older view (a lagging standby that took over after a kill) is read again hold_s later, not sent — the
+    round's keys changed, so the event is due, but never with values from before the ones already sent."""
+    while True:
+        found = await read()
+        if not shown.older(now := seen()):
+            shown.advance(now)
+            return found
+        await asyncio.sleep(hold_s)
 
 
 def _readable(stores: Sequence[StorePlan], principal: Principal) -> list[StorePlan]:

@@ -30,7 +30,7 @@ import strawberry
 
 from iqgraph.schema.dynamic import Arg, Field, data_field, list_of, object_type, optional, resolver_with
 from iqgraph.schema.errors import store_errors
-from iqgraph.schema.live.fields import fresh_reads, live_queries, stream_of, subscription_field
+from iqgraph.schema.live.fields import Seen, Shown, fresh_reads, live_queries, seen_by, stream_of, subscription_field
 from iqgraph.schema.naming import TypeNames, pascal_case
 from iqgraph.schema.ranking_fields import RankingEntry
 from iqgraph.schema.resolving import StorePlan, context
@@ -66,19 +66,15 @@ def watch_top_field(plan: StorePlan, entry: RankingEntry, names: TypeNames) -> F
         size = ctx.limits.page_size(first)
 
         async def read() -> Top:
-            reports = ctx.reports  # what this read reports: the positions and lags of the copies that answered
-            reports.positions.clear()
-            reports.staleness.clear()
+            fresh_reads(ctx)  # what this read reports: the positions and lags of the copies that answered
             ranked = await ctx.queries.top(name, group, size, None, max_lag)
-            positions = {(t, int(p)): offset for t, seen in reports.positions.items() for p, offset in seen.items()}
-            lags = [e["lag"] for e in reports.staleness if e["store"] == name]
-            return Top(ranked, positions, max(lags) if lags else None)
+            lags = [e["lag"] for e in ctx.reports.staleness if e["store"] == name]
+            return Top(ranked, seen_by(ctx), max(lags) if lags else None)
 
         with store_errors():
             async with aclosing(live_queries(ctx).store_changes(name, principal=ctx.principal)) as ticks:
                 async with aclosing(changed_tops(ticks, read)) as tops:
                     async for top in tops:
-                        fresh_reads(ctx)  # the entries' relations: read for this event, not from the last one's
                         yield change(f0=group, f1=[node(r) for r in top.ranked], f2=top.lag)
 
     arguments = [
@@ -104,7 +100,7 @@ class Top:
     """One read of a top: its members, the offset each topic-partition was read at, the largest standby lag."""
 
     ranked: list[Ranked]
-    positions: dict[tuple[str, int], int]
+    positions: Seen
     lag: int | None
 
 
@@ -114,13 +110,12 @@ async def changed_tops(
     """Yield read() after each tick (the first: the start) when its top or lag differs from the last one yielded,
     unless it saw a partition at an offset before the last yielded one's (an older view: held, see the module)."""
     last: Top | None = None
-    shown: dict[tuple[str, int], int] = {}  # per topic-partition, the furthest offset an event was read at
+    shown = Shown()
     async for _ in ticks:
         top = await read()
-        if any(offset < shown.get(at, offset) for at, offset in top.positions.items()):
+        if shown.older(top.positions):
             continue
-        for at, offset in top.positions.items():
-            shown[at] = max(offset, shown.get(at, offset))
+        shown.advance(top.positions)
         if last is None or (top.ranked, top.lag) != (last.ranked, last.lag):
             last = top
             yield top

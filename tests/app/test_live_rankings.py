@@ -208,3 +208,29 @@ async def test_a_top_read_from_an_older_view_is_held_and_a_standbys_is_marked() 
 
     sent = [(t.ranked[0].value, t.lag) async for t in changed_tops(ticks(), read)]
     assert sent == [(10, None), (12, None), (12, 0), (13, 0), (13, None)]
+
+
+async def test_an_entity_read_from_an_older_view_is_read_again_until_it_is_not() -> None:
+    """An entity watch's round (its keys changed) read while a lagging standby serves a partition it had shown at a
+    later offset is read again, not sent; the first read no older than what was shown is sent, and moves it on."""
+    from iqgraph.schema.live.entities import read_forward
+    from iqgraph.schema.live.fields import Shown
+
+    shown = Shown()
+    shown.advance({("orders", 0): 44, ("orders", 1): 30})
+    views = iter([
+        ({("orders", 0): 38}, "from the standby, 6 behind"),
+        ({("orders", 0): 42, ("orders", 1): 30}, "2 behind"),
+        ({("orders", 0): 44, ("orders", 1): 31}, "caught up"),
+    ])  # fmt: skip
+    seen: dict[tuple[str, int], int] = {}
+    reads = 0
+
+    async def read() -> str:
+        nonlocal seen, reads
+        reads += 1
+        seen, value = next(views)
+        return value
+
+    assert await read_forward(read, lambda: seen, shown, hold_s=0.01) == "caught up"
+    assert reads == 3 and shown.offsets == {("orders", 0): 44, ("orders", 1): 31}
