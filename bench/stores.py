@@ -6,7 +6,8 @@ database (same options, a column family holding the same encoded bytes):
 - multi_get: ``KeyValueStore.multi_get(keys)`` (encode keys, check state, one RocksDB multi-get,
   decode + finalize values) vs ``Rdict.get([encoded keys])`` (bytes out).
 - merge: ``KeyValueStore.merge`` inside a ``PartitionTransaction`` + commit (read-modify-write of
-  count states, with the offset) vs a raw ``WriteBatch`` put of precomputed values + write.
+  count states, with the offset and, as the sink merges, each changed key's position) vs a raw
+  ``WriteBatch`` put of precomputed values + write.
 
 Two more lines decompose the gap: the partition layer alone (``PartitionDB.multi_get`` on encoded keys)
 and a raw read-modify-write written by hand (rocksdict get + orjson + WriteBatch), i.e. the least any
@@ -110,11 +111,12 @@ class Bench:
 
     # -- the four ways of doing it ----------------------------------------------------------------
 
-    def merge(self, items: list[tuple[str, int]]) -> None:
+    def merge(self, items: list[tuple[str, int]], positions: bool = True) -> None:
+        """Merge items in one transaction; positions: as the sink does, each changed key's position too."""
         start = self.stores.db.next_offset()
         tx = self.stores.db.begin(start, start + len(items))
         assert tx is not None
-        self.kv.merge(tx, items)
+        self.kv.merge(tx, items, positions=range(start, start + len(items)) if positions else None)
         tx.commit()
 
     def raw_put(self, encoded: list[tuple[bytes, bytes]]) -> None:
@@ -141,12 +143,13 @@ def measure(bench: Bench, sizes: list[int], repeats: int) -> Figures:
     for size in sizes:
         samples: dict[str, dict[str, list[tuple[int, int]]]] = {
             "multi_get": {"ours": [], "raw": [], "partition_db": []},
-            "merge": {"ours": [], "raw": [], "raw_read_modify_write": []},
+            "merge": {"ours": [], "raw": [], "raw_read_modify_write": [], "without_positions": []},
         }
         for rep in range(repeats + 1):  # the first round warms caches and is dropped
             keys = bench.sample(size)
             encoded = [k.encode() for k in keys]
             items = [(k, 1) for k in bench.sample(size)]
+            others = [(k, 1) for k in bench.sample(size)]  # other keys: not read back from the memtable
             precomputed = [(k.encode(), encode_value(bench.rng.randint(1, 1000))) for k, _ in items]
             increments = [(k.encode(), p) for k, p in items]
             runs: dict[str, dict[str, Callable[[], object]]] = {
@@ -161,6 +164,7 @@ def measure(bench: Bench, sizes: list[int], repeats: int) -> Figures:
                     "ours": partial(bench.merge, items),
                     "raw_read_modify_write": partial(bench.raw_read_modify_write, increments),
                     "raw": partial(bench.raw_put, precomputed),
+                    "without_positions": partial(bench.merge, others, positions=False),  # the positions' cost
                 },
             }
             for operation, variants in runs.items():

@@ -150,8 +150,9 @@ class KeyValueStore:
         kept = [(key, state) for key, state in zip(keys, states, strict=True) if state is not None]
         tx.put_many(self.name, zip([key for key, _ in kept], encode_values([state for _, state in kept]), strict=True))
         changed: dict[bytes, int] = {}
-        if positions is not None:
-            latest = latest_positions(encoded, positions)
+        if positions is not None:  # the sink's partials have one item per key: no duplicate to resolve
+            unique = len(partials) == len(encoded)
+            latest = dict(zip(encoded, positions, strict=True)) if unique else latest_positions(encoded, positions)
             changed = {k: latest[k] for k, old, new in zip(keys, olds, states, strict=True) if new != old}
             self.positions.record(tx, changed)
         return Merged(dict(zip(keys, states, strict=True)), changed)

@@ -43,7 +43,7 @@ class KeyPositions:
     def record(self, tx: PartitionTransaction, positions: Mapping[bytes, int]) -> None:
         """Write each key's new position when tx commits."""
         if positions:
-            tx.put_many(self.family, ((key, encode_int64(p)) for key, p in positions.items()))
+            tx.put_many(self.family, zip(positions, map(encode_int64, positions.values()), strict=True))
 
     def forget(self, tx: PartitionTransaction, keys: Iterable[bytes]) -> None:
         """Drop keys' positions when tx commits (their windows are dropped)."""
