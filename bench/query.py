@@ -13,7 +13,10 @@ One run, all on this machine:
    existing key — (a) ``POST /graphql`` ``{ orderCount { get(key: …) } }`` (compiled), (a') the same with
    ``@include(if: true)``, which no compiled plan covers (the Strawberry/graphql-core path of the same
    node), (b) ``GET /raw/order_count/<key>``, (c) ``GET /graphql?query=…`` — and a dashboard query over
-   five stores, compiled and on graphql-core; runs alternate, ``--rounds`` times, and the medians count.
+   five stores, compiled and on graphql-core; and (d) ``GET /bare/order_count/<key>`` on a bare Starlette
+   endpoint doing the raw endpoint's RocksDB read without the node's layers (bench/bare_lookup.py, read-only
+   over the node's partition databases: the ceiling, its own process's CPU counted); runs alternate,
+   ``--rounds`` times, and the medians count.
    The client is wrk when it is on PATH (``make bench-query`` installs it as root), else a Python asyncio
    keep-alive client (bench/query.py's own, much lighter than httpx so that it does not cap the raw rate).
    Each run also records the node process's CPU time per request, the steadier figure on a shared machine;
@@ -70,6 +73,7 @@ STORE, FIELD = "order_count", "orderCount"
 KEY = "customer-0001"  # the shop generator's most frequent customer: it always exists
 TARGET_RATIO = 0.5
 TARGET_TRUSTED_RATIO = 0.8  # a trusted document's lookup beside the raw endpoint (issue 31)
+TARGET_RAW_OVER_BARE = 1.5  # the raw endpoint's CPU per request over a bare Starlette endpoint's (issue 31)
 TARGET_GETMANY_P50_MS = 5.0
 APP_MODULE = "bench_query_app"
 
@@ -102,6 +106,7 @@ class NodeProcess:
         self, workdir: Path, bootstrap: str, topic: str, port: int, master: str, env: dict[str, str] | None = None
     ) -> None:
         self.url = f"http://127.0.0.1:{port}"
+        self.topic = topic
         self.log_path = workdir / "node.log"
         trusted = workdir / "trusted-documents.json"  # the point lookup, sent by its documentId (graphql_trusted)
         trusted.write_text(json.dumps({sha256_of(point_query(KEY)): point_query(KEY)}))
@@ -160,6 +165,34 @@ class NodeProcess:
             self.process.wait()
 
 
+class BareEndpoint:
+    """bench/bare_lookup.py in a subprocess: the raw endpoint's read on a bare Starlette, read-only over the node's
+    partition databases (its ceiling)."""
+
+    def __init__(self, state_dir: Path, topic: str) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, str(ROOT / "bench" / "bare_lookup.py"), str(state_dir), topic, str(PARTITIONS)]
+        self.process = subprocess.Popen([*command, str(port)], cwd=ROOT)  # noqa: S603
+        self.pid = self.process.pid
+
+    def __enter__(self) -> BareEndpoint:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{self.url}/bare/{STORE}/{KEY}", timeout=2)
+                return self
+            except httpx.TransportError:
+                if self.process.poll() is not None:
+                    raise RuntimeError("the bare endpoint exited") from None
+                time.sleep(0.2)
+        raise TimeoutError("the bare endpoint did not start in 60 s")
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
 def graphql(client: httpx.Client, url: str, query: str, variables: dict[str, Any] | None = None) -> Any:
     """Return the data of a GraphQL POST; raise on errors."""
     response = client.post(f"{url}/graphql", json={"query": query, "variables": variables or {}})
@@ -175,8 +208,12 @@ def graphql(client: httpx.Client, url: str, query: str, variables: dict[str, Any
 class Endpoint:
     """One request to repeat under load."""
 
-    def __init__(self, name: str, method: str, path: str, body: bytes = b"") -> None:
+    def __init__(
+        self, name: str, method: str, path: str, body: bytes = b"", url: str | None = None, pid: int | None = None
+    ) -> None:
+        """url, pid: where it is served, and the process whose CPU it costs, when not the node (the bare endpoint)."""
         self.name, self.method, self.path, self.body = name, method, path, body
+        self.url, self.pid = url, pid
 
 
 #: A dashboard's query over five stores (20 keys of the order count and total spend).
@@ -317,30 +354,33 @@ def cpu_seconds(pid: int) -> float:
 
 
 def point_lookups(
-    url: str, key: str, args: argparse.Namespace, workdir: Path, pid: int
+    url: str, key: str, args: argparse.Namespace, workdir: Path, pid: int, more: list[Endpoint]
 ) -> dict[str, list[dict[str, Any]]]:
-    """Run every endpoint for args.duration, alternating, args.rounds times (after a short warm-up each).
+    """Run every endpoint (and more: served elsewhere) for args.duration, alternating, args.rounds times (after a
+    short warm-up each).
 
-    Besides req/s, each run records the node process's CPU time per request: on a shared machine the
+    Besides req/s, each run records the serving process's CPU time per request: on a shared machine the
     rate depends on what else runs, the CPU a request costs much less so.
     """
     use_wrk = args.client == "wrk"
-    scripts = {e.name: wrk_script(workdir, e) for e in endpoints(key)} if use_wrk else {}
+    every = [*endpoints(key), *more]
+    scripts = {e.name: wrk_script(workdir, e) for e in every} if use_wrk else {}
 
     def run(endpoint: Endpoint, duration: float) -> dict[str, Any]:
-        before = cpu_seconds(pid)
+        serving = endpoint.pid or pid
+        before = cpu_seconds(serving)
         if use_wrk:
-            result = run_wrk(url, endpoint, scripts[endpoint.name], args, duration)
+            result = run_wrk(endpoint.url or url, endpoint, scripts[endpoint.name], args, duration)
         else:
-            result = run_python(url, endpoint, args, duration)
-        result["cpu_us"] = round((cpu_seconds(pid) - before) / max(result["requests"], 1) * 1e6, 1)
+            result = run_python(endpoint.url or url, endpoint, args, duration)
+        result["cpu_us"] = round((cpu_seconds(serving) - before) / max(result["requests"], 1) * 1e6, 1)
         return result
 
     runs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
-    for endpoint in endpoints(key):
+    for endpoint in every:
         run(endpoint, args.warmup)
     for round_ in range(args.rounds):
-        for endpoint in endpoints(key):
+        for endpoint in every:
             result = run(endpoint, args.duration)
             runs[endpoint.name].append(result)
             print(
@@ -437,13 +477,15 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
     trusted_ratio = rps["graphql_trusted"] / rps["raw"] if rps.get("raw") else None
     cpu_ratio = cpu["raw"] / cpu["graphql_post"] if cpu.get("graphql_post") else None
     get_ratio = rps["graphql_get"] / rps["raw"] if rps.get("raw") else None
+    bare_cpu_ratio = cpu["raw"] / cpu["bare"] if cpu.get("bare") else None  # the raw endpoint's cost over a bare one's
+    trusted_bare = rps["graphql_trusted"] / rps["bare"] if rps.get("bare") else None
     inline, variables = _latency(figures.pop("getmany_inline")), _latency(figures.pop("getmany_variables"))
     print(f"\nquery bench: {args.events:,} shop orders, {PARTITIONS} partitions, one node, {machine()}")
     print(f"client: {args.client}, {args.connections} connections, {args.threads} threads, "
           f"{args.duration:g} s per run, {args.rounds} rounds alternating, medians")  # fmt: skip
     labels = {
         "graphql_post": "GraphQL POST", "graphql_post_core": "  on g.-core", "graphql_trusted": "  documentId",
-        "raw": "raw GET",
+        "raw": "raw GET", "bare": "bare GET",
         "graphql_get": "GraphQL GET", "dashboard": "dashboard", "dashboard_core": "  on g.-core",
     }  # fmt: skip
     for name, label in labels.items():
@@ -455,7 +497,10 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
           f"dashboard {rps['dashboard'] / rps['dashboard_core']:.2f}× (req/s)")  # fmt: skip
     print(f"ratio GraphQL POST / raw  {ratio:.3f}   target ≥ {TARGET_RATIO}   (GET: {get_ratio:.3f};"
           f" by CPU per request: {cpu_ratio:.3f})")  # fmt: skip
-    print(f"ratio trusted documentId / raw  {trusted_ratio:.3f}   target ≥ {TARGET_TRUSTED_RATIO}")
+    print(f"ratio trusted documentId / raw  {trusted_ratio:.3f}   target ≥ {TARGET_TRUSTED_RATIO}"
+          f"   (/ bare: {trusted_bare:.3f})")  # fmt: skip
+    print(f"raw endpoint / bare Starlette, CPU per request  {bare_cpu_ratio:.2f}×   target ≤ {TARGET_RAW_OVER_BARE}"
+          f"   (req/s: bare {rps['bare']:,}, raw {rps['raw']:,})")  # fmt: skip
     tracing = figures.get("tracing")
     if tracing:
         print(f"tracing (point lookup, two nodes side by side): off {tracing['off_cpu_us']:.0f} µs CPU/request, "
@@ -485,6 +530,8 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
         "ratio_graphql_raw": None if ratio is None else round(ratio, 3),
         "ratio_graphql_get_raw": None if get_ratio is None else round(get_ratio, 3),
         "ratio_trusted_raw": None if trusted_ratio is None else round(trusted_ratio, 3),
+        "ratio_trusted_bare": None if trusted_bare is None else round(trusted_bare, 3),
+        "raw_over_bare_cpu": None if bare_cpu_ratio is None else round(bare_cpu_ratio, 2),
         "ratio_by_cpu": None if cpu_ratio is None else round(cpu_ratio, 3),
         "compiled_over_core": {
             "point": round(rps["graphql_post"] / rps["graphql_post_core"], 2),
@@ -496,6 +543,7 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
         "targets": {
             "ratio_graphql_raw": TARGET_RATIO,
             "ratio_trusted_raw": TARGET_TRUSTED_RATIO,
+            "raw_over_bare_cpu": TARGET_RAW_OVER_BARE,
             "getmany_p50_ms": TARGET_GETMANY_P50_MS,
         },
         "met": {
@@ -545,7 +593,12 @@ def measure(args: argparse.Namespace, node: NodeProcess, events: list[Any], work
         print(f"node ready and caught up in {figures['node_ready_s']} s at {node.url}", flush=True)
         check_answers(client, node.url, KEY, counts[KEY])
         assert node.process is not None
-        runs = point_lookups(node.url, KEY, args, workdir, node.process.pid)
+        with BareEndpoint(workdir / "state", node.topic) as bare:
+            got = client.get(f"{bare.url}/bare/{STORE}/{KEY}").json()
+            if got.get("value") != counts[KEY]:
+                raise RuntimeError(f"the bare endpoint answered {got}, expected {counts[KEY]}")
+            more = [Endpoint("bare", "GET", f"/bare/{STORE}/{KEY}", url=bare.url, pid=bare.pid)]
+            runs = point_lookups(node.url, KEY, args, workdir, node.process.pid, more)
         keys = many_keys()
         figures["getmany_existing_keys"] = sum(k in counts for k in keys)
         for inline in (True, False):
