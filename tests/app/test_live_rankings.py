@@ -9,6 +9,7 @@ event; group and first are respected; FORBIDDEN without the scope. An entity wat
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -234,3 +235,31 @@ async def test_an_entity_read_from_an_older_view_is_read_again_until_it_is_not()
 
     assert await read_forward(read, lambda: seen, shown, hold_s=0.01) == "caught up"
     assert reads == 3 and shown.offsets == {("orders", 0): 44, ("orders", 1): 31}
+
+
+async def test_an_entity_event_names_the_standbys_that_answered_its_own_reads(
+    shop: LiveShop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each entity event's extensions.staleness names the standbys its reads came from (as a query's does), and only
+    its own: an event read from the actives after one read from a standby carries none."""
+    from iqgraph.app.query.store_queries import ClusterStoreQueries
+
+    standby: list[bool] = [True]
+    lookup = ClusterStoreQueries.lookup
+
+    async def from_a_standby(self: ClusterStoreQueries, store: str, *args: Any, **kwargs: Any) -> Any:
+        found = await lookup(self, store, *args, **kwargs)
+        if standby[0] and store == "per_key":  # as if node-9's standby copy of partition 0 had answered, 4 behind
+            self.reports.stale(store, 0, "node-9", 4)
+        return found
+
+    monkeypatch.setattr(ClusterStoreQueries, "lookup", from_a_standby)
+    results = await shop.schema.subscribe(WATCH_CUSTOMERS, {"keys": ["c1"]}, context_value=shop.context())
+    first = await anext(results)  # type: ignore[arg-type]
+    assert first.data == {"customerWatch": {"key": "c1", "perKey": None, "perMinute": []}}
+    assert first.extensions == {"staleness": [{"store": "per_key", "partition": 0, "node": "node-9", "lag": 4}]}
+    standby[0] = False
+    shop.write([("c1", "pen", 0)])
+    later = await asyncio.wait_for(anext(results), 5)  # type: ignore[arg-type]
+    assert later.data["customerWatch"]["perKey"] == 1 and not later.extensions  # type: ignore[index]
+    await results.aclose()  # type: ignore[union-attr]
