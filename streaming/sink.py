@@ -530,7 +530,10 @@ def _apply_changelog(
     table = stores.kv(name)
     valued = [(key, value, at) for key, value, at in items if value is not None]
     merged = table.merge(tx, [(key, value) for key, value, _ in valued], positions=[at for _, _, at in valued])
-    deleted = {key: at for key, value, at in items if value is None and table.delete(tx, key, at)}
+    deleted: dict[Any, int] = {}
+    for key, value, at in items:
+        if value is None and table.delete(tx, key, at):  # a key that was stored: its deletion is a change
+            deleted[key] = at
     return _TableChanges(merged.states, merged.changed, deleted)
 
 

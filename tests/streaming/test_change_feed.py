@@ -326,13 +326,16 @@ def test_a_table_tombstone_is_published_as_a_deletion(tmp_path: Path) -> None:
         sink = StoreSink(app, app.topic(TOPIC), {0: stores}, change_feed=feed)
         sub = feed.subscribe(TOPIC, {"names": None})
         first = PartitionBatch(0, 1)
-        first.partials["names"] = [("a", None, {"name": "Ann"}, 1), ("b", None, {"name": "Bob"}, 1)]
-        second = PartitionBatch(2, 2)
-        second.partials["names"] = [("a", None, None, 1)]
+        first.partials["names"] = [("a", None, {"name": "Ann"}, 1, 0), ("b", None, {"name": "Bob"}, 1, 1)]
+        second = PartitionBatch(2, 3)
+        second.partials["names"] = [("a", None, None, 1, 2), ("never", None, None, 1, 3)]  # tombstones
         sink.apply({0: first})
         sink.apply({0: second})
-        got = [(c.key, c.state, c.offset) for c in drain(sub)]
-        assert got == [("b", {"name": "Bob"}, 2), ("a", None, 3)]  # a's first state conflated into its deletion
+        got = [(c.key, c.state, c.offset, c.position) for c in drain(sub)]
+        # a's first state conflated into its deletion, at the tombstone's position; a key never stored: no change
+        assert got == [("b", {"name": "Bob"}, 2, 1), ("a", None, 4, 2)]
+        view = stores.kv("names")  # the deleted key keeps its position: a resume learns it was deleted after
+        assert view.positions.read(view.codec.encode_many(["a", "b", "never"])) == [2, 1, None]
     finally:
         stores.close()
 
