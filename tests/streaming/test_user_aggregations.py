@@ -76,6 +76,14 @@ def test_the_task_folds_each_group_in_offset_order_from_init() -> None:
     assert got[("k", 0)] == [[o, o * 10] for o in range(12) if o % 3]
     assert got[("j", 0)] == [[o, o * 10] for o in range(12) if not o % 3]
     assert {r["records"] for r in partials if r["kind"] == "p"} == {4, 8}
+    # each partial's position: the offset of its group's last record (what a live watch's resume compares)
+    assert {r["key"]: r["position"] for r in partials if r["kind"] == "p"} == {"k": 11, "j": 9}
+    # the same for a built-in aggregation (pyarrow's group_by), whatever order the rows come in
+    counted = _partials(StorePlan("s", "key_value", "count"), _table("s", shuffled))
+    assert {r["key"]: (r["partial"], r["position"]) for r in counted if r["kind"] == "p"} == {
+        "k": ("[8]", 11),
+        "j": ("[4]", 9),
+    }
 
 
 def test_a_window_store_folds_per_window_and_a_failing_add_is_a_bad_record() -> None:
