@@ -13,7 +13,7 @@ Bounds (memory never grows with a subscriber's lag):
   buffered item plus ~120 B per distinct Change, so under ~80 MB, plus the states, which are shared between
   subscriptions, not copied), exceeded at most by the batch being published; when it is full, the
   subscription with the longest buffer overflows first;
-- at most ``max_subscriptions`` subscriptions at once (default 2,048; ``TooManySubscriptionsError``).
+- at most ``max_subscriptions`` subscriptions at once (default 16,384; ``TooManySubscriptionsError``).
 A subscription that overflows drops its buffer; its next read raises ``SubscriptionOverflowError`` once,
 after which it buffers again and the subscriber re-reads the store (``read_then_follow``).
 
