@@ -172,13 +172,13 @@ class WindowStore:
         late: int = 0,
         aggregation: Aggregation | None = None,
         positions: Sequence[int] | None = None,
-    ) -> None:
+    ) -> dict[bytes, int]:
         """Fold partial states per (key, window start) and advance stream time.
 
         Windows already closed (end + grace <= stream time before this batch) are not applied and
         count as late, as do the late records the caller found; windows past retention are dropped.
         positions: per item, the offset of the last record its partial covers; a window whose state changes
-        gets the largest of its items' (``stores.positions``).
+        gets the largest of its items' (``stores.positions``). Return those windows' positions, by window key.
         """
         agg = aggregation or self.spec.aggregation
         before = self._stream_time_in(tx)
@@ -197,12 +197,13 @@ class WindowStore:
             partials[window_key] = (start, merge_state(agg, previous and previous[1], partial))
             if positions is not None:
                 latest[window_key] = max(positions[i], latest.get(window_key, -1))
-        self._apply(tx, [(k, start, p) for k, (start, p) in partials.items()], agg, latest)
+        changed = self._apply(tx, [(k, start, p) for k, (start, p) in partials.items()], agg, latest)
         if after is not None and after != before:
             tx.put(META_CF, self._stream_time_key, encode_int64(after))
             self._drop_expired(tx, retained_from)
         if late:
             tx.increment(self._late_counter, late)
+        return changed
 
     def _apply(
         self,
@@ -210,7 +211,7 @@ class WindowStore:
         pairs: Sequence[tuple[bytes, int, Any]],
         agg: Aggregation,
         positions: Mapping[bytes, int],
-    ) -> None:
+    ) -> dict[bytes, int]:
         stored = tx.multi_get(self.name, [k for k, _, _ in pairs]) if pairs else []
         self._count_entries(tx, sum(raw is None for raw in stored))
         changed: dict[bytes, int] = {}
@@ -223,6 +224,7 @@ class WindowStore:
             if key in positions and new != old:
                 changed[key] = positions[key]
         self.positions.record(tx, changed)
+        return changed
 
     def _drop_expired(self, tx: PartitionTransaction, retained_from: int) -> None:
         stop = encode_int64(retained_from)

@@ -91,29 +91,28 @@ class ChangeSet:
         family: str,
         rows: Sequence[tuple[Any, int | None, bytes]],
         state: Callable[[Any, Any], Any] | None = None,
-        positions: Mapping[bytes, int] | None = None,
-    ) -> Callable[[], None]:
-        """Read rows (key, window start, stored key) of family now; return what records those changed, later.
+    ) -> Callable[[Mapping[bytes, int]], None]:
+        """Read rows (key, window start, stored key) of family now; return what records those changed, later,
+        given the positions the merge gave them (by stored key).
 
         For stores whose merge does not return the new states (windows, rankings): the second read comes from
         the transaction's pending writes; a row left as it was (a late window) is not a change. state makes a
-        change's state of the stored values before and after (default: the one after); positions: by stored key.
+        change's state of the stored values before and after (default: the one after).
         """
         if not rows:
             return _nothing
         encoded = [row[2] for row in rows]
         before = tx.multi_get(family, encoded)
 
-        def after() -> None:
+        def after(positions: Mapping[bytes, int]) -> None:
             now = tx.multi_get(family, encoded)
             changed = [(row, old, new) for row, old, new in zip(rows, before, now, strict=True) if old != new]
             states = decode_values(new for _, _, new in changed)
             if state is not None:
                 olds = decode_values(old for _, old, _ in changed)
                 states = [state(old, new) for old, new in zip(olds, states, strict=True)]
-            at = positions or {}
             found = zip(changed, states, strict=True)
-            self._add(store, [(row[0], row[1], s, at.get(row[2])) for (row, _, _), s in found])
+            self._add(store, [(row[0], row[1], s, positions.get(row[2])) for (row, _, _), s in found])
 
         return after
 
@@ -130,7 +129,7 @@ def _position(item: KeyChange) -> tuple[bool, int]:
     return (item[3] is None, item[3] or 0)  # not known: last
 
 
-def _nothing() -> None:
+def _nothing(positions: Mapping[bytes, int]) -> None:
     return None
 
 

@@ -425,10 +425,11 @@ class StoreSink:
                 window_items = [(k, int(it[1] or 0), it[2]) for k, it in zip(keys, items, strict=True)]
                 stream_time = batch.stream_time.get(store.name)
                 window = stores.window(store.name)
-                recorded = _window_changes(changes, tx, window, window_items, positions) if watched else None
-                window.merge(tx, window_items, stream_time, batch.late.get(store.name, 0), positions=positions)
+                recorded = _window_changes(changes, tx, window, window_items) if watched else None
+                late = batch.late.get(store.name, 0)
+                changed = window.merge(tx, window_items, stream_time, late, positions=positions)
                 if recorded is not None:
-                    recorded()
+                    recorded(changed)
             else:
                 stores.bloom(store.name).add(tx, keys)
                 if watched:
@@ -548,18 +549,12 @@ def _window_changes(
     tx: PartitionTransaction,
     window: WindowStore,
     items: list[tuple[Any, int, Any]],
-    positions: list[int],
-) -> Callable[[], None]:
-    """Read the watched windows of items before their merge; return what records those the merge changed."""
+) -> Callable[[Mapping[bytes, int]], None]:
+    """Read the watched windows of items before their merge; return what records those the merge changed (given the
+    positions it gave them)."""
     watched = set(changes.selected(window.name, (key for key, _, _ in items)))
-    rows: dict[tuple[Any, int], bytes] = {}
-    latest: dict[bytes, int] = {}
-    for (k, start, _), at in zip(items, positions, strict=True):
-        if k in watched:
-            raw = rows.setdefault((k, start), window.codec.encode_window_key(k, start))
-            latest[raw] = max(at, latest.get(raw, -1))
-    found = [(k, start, raw) for (k, start), raw in rows.items()]
-    return changes.rows(window.name, tx, window.name, found, positions=latest)
+    rows = {(k, start): window.codec.encode_window_key(k, start) for k, start, _ in items if k in watched}
+    return changes.rows(window.name, tx, window.name, [(k, start, raw) for (k, start), raw in rows.items()])
 
 
 def _rank(
@@ -591,7 +586,7 @@ def _rank(
         recorded = changes.rows(ranking.name, tx, view.name, rows, rank_entry)
     view.update(tx, members, new_groups, [_ranked_value(ranking, aggregation, m, states[m]) for m in members])
     if recorded is not None:
-        recorded()
+        recorded({})  # a ranking's entries have no position
 
 
 def _ranked_value(ranking: StoreDefinition, aggregation: Aggregation, member: Any, state: Any) -> Any:
