@@ -74,13 +74,21 @@ class RunnerSettings:
             java_consumer_options({**(self.kafka_config or {}), "bootstrap.servers": self.bootstrap_servers})
 
 
+#: How long the broker may hold a fetch of the JVM source's consumers while it waits for more records (the Java
+#: client's default is 500 ms). Each read task leaves its consumer's next fetch waiting at the log end, and the
+#: next batch's read of that partition waited for it: at light load (20 records/s) a batch's Spark work took
+#: ~0.9-1.0 s, 0.3 s with 10 ms (bench/ingest.py, docs/benchmarks.md). The user's own setting wins.
+FETCH_MAX_WAIT_MS = 10
+
+
 def source_options(
     settings: RunnerSettings, topic: str, owned: list[int], starting: Mapping[int, int]
 ) -> dict[str, str]:
     """Return the reader options for the configured Kafka source over the owned partitions of topic."""
     client = {**(settings.kafka_config or {}), "bootstrap.servers": settings.bootstrap_servers}
     if settings.source == "kafka":  # the JVM client's names for librdkafka's (SASL, SSL, …)
-        options = {f"kafka.{k}": str(v) for k, v in java_consumer_options(client).items()}
+        options = {"kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS)}
+        options |= {f"kafka.{k}": str(v) for k, v in java_consumer_options(client).items()}
         return options | {
             # committed records only, and batch ends at the last stable offset (Spark lists offsets with this
             # isolation level too): an open transaction's records are never read, an aborted one's never applied

@@ -93,4 +93,8 @@ def test_the_jvm_connector_is_selected_with_equivalent_options() -> None:
     assert jvm["startingOffsets"] == '{"orders": {"1": 10, "3": 0}}'
     assert jvm["maxOffsetsPerTrigger"] == "5" and jvm["kafka.bootstrap.servers"] == "b:9092"
     assert jvm["kafka.isolation.level"] == "read_committed"
+    # a batch's read does not wait on the fetch its consumer left at the log end for the Java default of 500 ms
+    assert jvm["kafka.fetch.max.wait.ms"] == "10"
+    mine = RunnerSettings("b:9092", {"fetch.wait.max.ms": "200"}, source="kafka")  # librdkafka's name: it wins
+    assert source_options(mine, "orders", [1], {1: 0})["kafka.fetch.max.wait.ms"] == "200"
     assert RunnerSettings("b:9092").source == "kafka"  # Spark's own connector is the default
