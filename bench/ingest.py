@@ -492,6 +492,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--verbose", action="store_true", help="print the sink's per-batch log lines")
     args = parser.parse_args()
     args.sources = [name.strip() for name in args.source.split(",") if name.strip()]
+    if len(set(args.sources)) < len(args.sources):  # each source's stores and figures are kept by its name
+        parser.error(f"--source names a source twice: {args.source}")
     for name in args.sources:
         RunnerSettings("-", source=name.split("+")[0])  # a ValueError names the sources there are
     args.started, args.load_at_start = time.perf_counter(), round(os.getloadavg()[0], 2)

@@ -77,7 +77,7 @@ class RunnerSettings:
 #: How long the broker may hold a fetch of the JVM source's consumers while it waits for more records (the Java
 #: client's default is 500 ms). Each read task leaves its consumer's next fetch waiting at the log end, and the
 #: next batch's read of that partition waited for it: at light load (20 records/s) a batch's Spark work took
-#: ~0.9-1.0 s, 0.3 s with 10 ms (bench/ingest.py, docs/benchmarks.md). The user's own setting wins.
+#: 0.7-0.8 s, 0.19-0.26 s with 10 ms (bench/ingest.py A/B, docs/benchmarks.md). The user's own setting wins.
 FETCH_MAX_WAIT_MS = 10
 
 
