@@ -1,0 +1,125 @@
+"""What standbys cost: the CPU of two nodes ingesting the same orders, without standbys and with one per partition.
+
+One run, all on this machine, against one embedded Apache Kafka broker:
+
+1. for each of ``--standbys`` (default ``0,1``), in order: a fresh 6-partition topic; two nodes of one static
+   cluster (``iqgraph serve`` subprocesses, ``local[1]`` Spark each; node i is active for the partitions p with
+   p % 2 == i, and with one standby it also mirrors the other node's) started on the empty topic and waited
+   for until ready;
+2. the CPU seconds of each node's process tree (the node, its Spark JVM and Python workers) read from /proc;
+   ``--events`` shop orders produced, batched; the nodes waited for until each has applied every record of every
+   partition it hosts, active and standby (``node { partitions { appliedOffset endOffset } }``); the CPU seconds
+   read again;
+3. per setting: each node's CPU for the ingest, the cluster's total, and the ratio with standbys / without; the
+   last line one JSON object with every figure.
+
+Usage: ``.venv/bin/python bench/standbys.py [--events N] [--standbys 0,1]`` (~2 minutes per setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# Run as a script, bench/ comes first on sys.path; put the repository ahead of it.
+sys.path.insert(0, str(ROOT))
+
+from bench.cluster import Client, produce_orders, stop_nodes  # noqa: E402
+from bench.ingest import _proc_stat  # noqa: E402
+from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
+from tests.support.nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
+
+PARTITIONS = 6
+NODES = 2
+PARTITIONS_QUERY = "{ node { partitions { topic partition role appliedOffset endOffset } } }"
+
+
+def tree_cpu(pid: int) -> float:
+    """Return the CPU seconds of pid and every process under it (the node, its JVM, its Python workers)."""
+    stats = {int(d): s for d in os.listdir("/proc") if d.isdigit() and (s := _proc_stat(int(d))) is not None}
+    children: dict[int, list[int]] = {}
+    for child, (parent, _, _) in stats.items():
+        children.setdefault(parent, []).append(child)
+    total, pending = 0.0, [pid]
+    while pending:
+        current = pending.pop()
+        if current in stats:
+            total += stats[current][2]
+            pending.extend(children.get(current, []))
+    return total
+
+
+def hosted(client: Client, node: NodeProcess, topic: str) -> dict[int, tuple[int, int]]:
+    """Return each partition of topic the node hosts (active or standby): (applied offset, end offset)."""
+    answer: Any = client.graphql(node.url, PARTITIONS_QUERY, {})
+    if answer.get("errors"):
+        return {}
+    found = answer["data"]["node"]["partitions"]
+    return {p["partition"]: (p["appliedOffset"], p["endOffset"]) for p in found if p["topic"] == topic}
+
+
+def caught_up(client: Client, nodes: list[NodeProcess], topic: str, events: int, standbys: int) -> bool:
+    """Return whether every node applied every record of each partition it hosts, and the partitions hold all."""
+    views = [hosted(client, node, topic) for node in nodes]
+    if any(len(view) != PARTITIONS // NODES * (1 + standbys) for view in views):
+        return False
+    ends = {p: end for view in views for p, (_, end) in view.items()}
+    return sum(ends.values()) == events and all(a >= e for view in views for a, e in view.values())
+
+
+def run(broker: KafkaBroker, home: Path, events: int, standbys: int, timeout: float) -> dict[str, Any]:
+    """Measure the two nodes' CPU for ingesting events with standbys standbys per partition."""
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    broker.create_topics({topic: PARTITIONS})
+    module = f"bench_standbys_{standbys}"
+    home.mkdir(parents=True)
+    write_app_module(home, module, topic, PARTITIONS, broker.bootstrap_servers)
+    nodes = start_nodes(home, module, NODES, [["--standbys", str(standbys)]] * NODES)
+    try:
+        wait_ready(nodes)
+        time.sleep(5)  # the nodes' start-up CPU settles
+        before = [tree_cpu(node.process.pid) for node in nodes]
+        started = time.perf_counter()
+        produce_orders(broker.bootstrap_servers, topic, events)
+        client, deadline = Client(), time.monotonic() + timeout
+        while not caught_up(client, nodes, topic, events, standbys):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the nodes did not catch up in {timeout:.0f} s")
+            time.sleep(0.5)
+        seconds = time.perf_counter() - started
+        cpu = [round(tree_cpu(node.process.pid) - b, 1) for node, b in zip(nodes, before, strict=True)]
+    finally:
+        stop_nodes(nodes)
+    return {"standbys": standbys, "seconds": round(seconds, 1), "node_cpu_s": cpu, "total_cpu_s": round(sum(cpu), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--standbys", default="0,1", help="the settings to measure, in order, comma-separated")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args()
+    settings = [int(s) for s in args.standbys.split(",")]
+    with KafkaBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-standbys-") as tmp:
+        runs = [run(broker, Path(tmp) / f"s{s}", args.events, s, args.timeout) for s in settings]
+    base = next((r for r in runs if r["standbys"] == 0), None)
+    for r in runs:
+        ratio = round(r["total_cpu_s"] / base["total_cpu_s"], 2) if base and base["total_cpu_s"] else None
+        r["ratio_to_no_standbys"] = ratio
+        print(
+            f"standbys {r['standbys']}: {args.events:,} orders caught up on both nodes in {r['seconds']} s; "
+            f"CPU s per node {r['node_cpu_s']}, total {r['total_cpu_s']} (× {ratio} of no standbys)"
+        )
+    print(json.dumps({"events": args.events, "partitions": PARTITIONS, "nodes": NODES, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
