@@ -99,6 +99,10 @@ def kafka_connector_jars() -> list[Path]:
     return spark_kafka_jars()
 
 
+#: Spark's checkpoint file manager over Hadoop's FileSystem API (pyspark 4.2's package for it).
+CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+
+
 def _base_conf(master: str, shuffle_partitions: int, driver_memory: str) -> dict[str, str]:
     """Return the Spark settings every iqgraph session uses."""
     conf = {
@@ -115,6 +119,11 @@ def _base_conf(master: str, shuffle_partitions: int, driver_memory: str) -> dict
         # a store's partials are wide rows: Spark renders every batch's plan (SQL execution events) and warned
         # once, at whatever moment (a stop included), that it cut the text at its default of 25 fields
         "spark.sql.debug.maxToStringFields": "10000",
+        # the checkpoint's offset and commit logs written through Hadoop's FileSystem API, not FileContext: on the
+        # local file system each micro-batch's two writes took ~50 and ~60 ms with FileContext, ~13 and ~20 ms with
+        # this (bench/ingest.py, docs/benchmarks.md). A rename there is atomic, and the checkpoint is one run's
+        # (each query starts from a fresh directory: the stores hold the offsets)
+        "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_file()}",
     }
     if master.startswith("local"):

@@ -376,6 +376,14 @@ def test_the_session_gets_the_connector_jars(spark: Any) -> None:
     }
 
 
+def test_the_checkpoint_logs_are_written_through_hadoops_file_system_api(spark: Any) -> None:
+    from iqgraph.streaming.session import CHECKPOINT_FILE_MANAGER
+
+    # FileContext's writes cost ~50-60 ms each per micro-batch on the local file system (docs/benchmarks.md)
+    assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass") == CHECKPOINT_FILE_MANAGER
+    assert spark._jvm.java.lang.Class.forName(CHECKPOINT_FILE_MANAGER).getName() == CHECKPOINT_FILE_MANAGER
+
+
 def test_missing_connector_jars_say_what_to_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SPARK_KAFKA_HOME_ENV, str(tmp_path / "empty"))
 
