@@ -46,7 +46,7 @@ from typing import IO, Final
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
-from iqgraph.streaming.broker import BrokerError, exit_with_parent, free_port
+from iqgraph.streaming.broker import BrokerError, exit_with_parent, free_port, free_ports
 
 __all__ = [
     "BROKER_JARS",
@@ -441,18 +441,6 @@ def _new_cluster_id() -> str:
     return cluster_id
 
 
-def _free_ports(host: str, count: int, taken: set[int] | None = None) -> list[int]:
-    """Return count distinct free ports on host, none of them in taken."""
-    ports: list[int] = []
-    avoid = set(taken or ())
-    while len(ports) < count:
-        port = free_port(host)
-        if port not in avoid:
-            avoid.add(port)
-            ports.append(port)
-    return ports
-
-
 def _run_all(commands: Sequence[Sequence[str]], timeout: float) -> None:
     """Run commands side by side and wait for all; raise `BrokerError` with its output if one fails."""
     processes = [
@@ -560,7 +548,7 @@ class KafkaBroker(_Endpoint):
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
-        self.controller_port = controller_port or _free_ports(host, 1, {self.port})[0]
+        self.controller_port = controller_port or free_ports(1, {self.port}, host)[0]
         self.startup_timeout = startup_timeout
         self.data_dir = data_dir
         self.properties = dict(properties or {})
@@ -797,7 +785,7 @@ class KafkaCluster(_Endpoint):
         self._temp_dir = None if data_dir is not None else Path(tempfile.mkdtemp(prefix="iqgraph-kafka-cluster-"))
         root = data_dir or self._temp_dir
         assert root is not None  # noqa: S101 - one of the two is set
-        ports = _free_ports(host, 2 * size)
+        ports = free_ports(2 * size, host=host)
         voters = ",".join(f"{i + 1}@{host}:{ports[2 * i + 1]}" for i in range(size))
         replicas, min_isr = str(min(size, 3)), str(2 if size >= 3 else 1)
         replicated = {

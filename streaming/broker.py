@@ -11,7 +11,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -24,6 +24,7 @@ __all__ = [
     "exit_with_parent",
     "Record",
     "free_port",
+    "free_ports",
     "produce",
 ]
 
@@ -60,6 +61,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def free_ports(count: int, taken: Collection[int] = (), host: str = "127.0.0.1") -> list[int]:
+    """Return count distinct TCP ports on host that are free right now, none of them in taken (the kernel may hand
+    out a port it just freed again: ports taken one at a time can collide)."""
+    ports: list[int] = []
+    avoid = set(taken)
+    while len(ports) < count:
+        port = free_port(host)
+        if port not in avoid:
+            avoid.add(port)
+            ports.append(port)
+    return ports
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[Record], config: Mapping[str, Any] | None = None) -> int:

@@ -13,7 +13,8 @@ its ``peerUrl`` when set: ``peer_url`` asks once and keeps it until a connection
 restarted with another --peer-port is asked again). Signed
 with the cluster secret and carrying the caller (``peer_auth.PeerSigner``):
 the owner checks the caller may read each store. Explicit timeouts and connection limits; keep-alive
-connections are reused across requests. Counts what it sends per peer, and tells an optional PeerObserver
+connections are reused across requests; a connection the peer closes as it is made fails as unreachable
+(``transport``). Counts what it sends per peer, and tells an optional PeerObserver
 (the node's metrics) of each request sent and each that failed.
 """
 
@@ -32,6 +33,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
+from iqgraph.app.cluster.transport import PeerTransport
 from iqgraph.app.security.peer_auth import PeerSigner
 from iqgraph.schema import tracing, wire
 from iqgraph.schema.access import Principal
@@ -137,9 +139,8 @@ class PeerClient:
         loop = id(asyncio.get_running_loop())
         client = self._clients.get(loop)
         if client is None:
-            client = self._clients[loop] = httpx.AsyncClient(
-                timeout=self.timeout, limits=self.limits, verify=self.verify
-            )
+            transport = PeerTransport(self.verify, self.limits)
+            client = self._clients[loop] = httpx.AsyncClient(timeout=self.timeout, transport=transport)
         return client
 
     def stream_client(self) -> httpx.AsyncClient:
@@ -149,7 +150,8 @@ class PeerClient:
         client = self._streams.get(loop)
         if client is None:
             limits = httpx.Limits(max_connections=STREAM_CONNECTIONS, max_keepalive_connections=8)
-            client = self._streams[loop] = httpx.AsyncClient(timeout=self.timeout, limits=limits, verify=self.verify)
+            transport = PeerTransport(self.verify, limits)
+            client = self._streams[loop] = httpx.AsyncClient(timeout=self.timeout, transport=transport)
         return client
 
     async def peer_url(self, url: str) -> str:

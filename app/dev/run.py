@@ -42,7 +42,7 @@ from iqgraph.app.dev.readiness import NodeStart, read_readiness
 from iqgraph.app.loading import load_app
 from iqgraph.app.settings import SettingsError, load_settings
 from iqgraph.streaming.apache_kafka import KAFKA_VERSION, KafkaBroker
-from iqgraph.streaming.broker import exit_with_parent, free_port
+from iqgraph.streaming.broker import exit_with_parent, free_ports
 from iqgraph.streaming.definitions import App
 
 DEMO_APP = "iqgraph.examples.shop:app"
@@ -243,7 +243,8 @@ class DevRun:
             peers = ",".join(f"node-{i}=http://127.0.0.1:{self.options.port + i}" for i in range(self.options.nodes))
             flags += ["--peers", peers, "--standbys", "1", "--max-lag", "100000", "--spark-master", "local[1]",
                       "--driver-memory", "768m"]  # fmt: skip
-            flags += ["--peer-port", str(free_port())]  # peers' listener: any free port (peers ask /healthz)
+            ports = [self.options.port + i for i in range(self.options.nodes)]
+            flags += ["--peer-port", str(free_ports(1, ports)[0])]  # peers' listener: any free port (they ask /healthz)
         else:
             flags += ["--spark-master", "local[2]"]
         bootstrap = self.broker.bootstrap_servers

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from iqgraph.streaming.broker import free_port
+from iqgraph.streaming.broker import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,7 +138,7 @@ def start_node(
         "--spark-master", "local[1]", "--driver-memory", "768m", *flags,
     ]  # fmt: skip
     if "--peer-port" not in flags:  # the test's free ports are ephemeral ones: + 10000 may be past 65535
-        node_flags += ["--peer-port", str(free_port())]
+        node_flags += ["--peer-port", str(free_ports(1, {port})[0])]
     node_env = {"IQGRAPH_CLUSTER_SECRET": CLUSTER_SECRET, **(env or {})}
     log = home / f"{node_id}.log"
     return start_serve(home, module, port, node_flags, log=log, node_id=node_id, env=node_env, headers=headers)
@@ -153,14 +153,25 @@ def start_nodes(
     headers: Mapping[str, str] | None = None,
 ) -> list[NodeProcess]:
     """Start count nodes of one static cluster (extra[i]: more flags for node i; env, headers: start_node's)."""
-    ports = [free_port() for _ in range(count)]
-    peers = ",".join(f"node-{i}=http://127.0.0.1:{port}" for i, port in enumerate(ports))
+    ports = free_ports(2 * count)  # each node's, then each node's peers' listener's
+    peers = ",".join(f"node-{i}=http://127.0.0.1:{port}" for i, port in enumerate(ports[:count]))
     return [
         start_node(
-            home, module, f"node-{i}", port, ["--peers", peers, *(extra[i] if i < len(extra) else [])], env, headers
-        )
-        for i, port in enumerate(ports)
+            home,
+            module,
+            f"node-{i}",
+            port,
+            ["--peers", peers, *_peer_port(extra[i] if i < len(extra) else [], ports[count + i])],
+            env,
+            headers,
+        )  # fmt: skip
+        for i, port in enumerate(ports[:count])
     ]
+
+
+def _peer_port(flags: Sequence[str], port: int) -> list[str]:
+    """Return flags with --peer-port port unless they name one."""
+    return list(flags) if "--peer-port" in flags else [*flags, "--peer-port", str(port)]
 
 
 def wait_ready(nodes: Sequence[NodeProcess], timeout: float = 300) -> None:
