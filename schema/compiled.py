@@ -163,6 +163,7 @@ class CompiledQuery:
         query = schema.query_type
         assert query is not None  # noqa: S101 - every schema has a query type
         self.root_fields = _fields(query, operation.selection_set.selections, roots)
+        self.one_read_at_a_time = _one_field_at_a_time(query, operation.selection_set.selections)
         self._string_lists = [
             definition.variable.name.value
             for definition in operation.variable_definitions or ()
@@ -202,6 +203,25 @@ class CompiledQuery:
             errors.add(error, ())
             data = None
         return data, errors.errors
+
+
+def _one_field_at_a_time(parent: GraphQLObjectType, selections: Any) -> bool:
+    """Return whether at most one field of the selection resolves at a time, at every level: one field per level
+    besides ``__typename``, and no list of objects above the last (each item's fields would resolve together).
+    Such a plan never has two reads pending together: its loaders have nothing to batch (``Loaders.at_once``)."""
+    fields = [s for s in selections if s.name.value != "__typename"]  # every one a FieldNode (``_fields``)
+    if len(fields) != 1:
+        return len(fields) == 0
+    node = fields[0]
+    kind = parent.fields[node.name.value].type
+    if node.selection_set is None:
+        return True
+    if isinstance(kind, GraphQLNonNull):
+        kind = kind.of_type
+    named = get_named_type(kind)
+    if isinstance(kind, GraphQLList) or not isinstance(named, GraphQLObjectType):
+        return False
+    return _one_field_at_a_time(named, node.selection_set.selections)
 
 
 def _is_string_list(kind: Any) -> bool:
@@ -620,6 +640,7 @@ async def run_compiled(
     """
     started = time.perf_counter()
     apply_request_options(context, extensions)
+    context.loaders.at_once = plan.one_read_at_a_time
     if metrics is not None:
         context.loaders.observe = metrics.metrics.observe_lookup
     data, errors = await plan.execute(context, variables)

@@ -6,6 +6,11 @@ keys to partitions and replicas). A field's ``maxLag`` is part of its loader's i
 different staleness bounds are never batched together. Loaders live in the request context (made by the
 context getter), never at module level: their cache is the request's, and a value is never served from another request.
 ``Loaders.observe``, when set (by the metrics extension), hears each batch's store and size.
+
+A compiled plan that can never have two reads pending together (``CompiledQuery.one_read_at_a_time``: one field
+per level, no list of objects above the last) has nothing to batch: its request's loaders read ``at_once``, the
+same batch function called with the one item in the same turn, instead of waiting a turn of the event loop for
+items that cannot come.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import aiodataloader
 
@@ -65,6 +70,26 @@ async def load_batch(
     return [api_error(r) if isinstance(r, Exception) else r for r in results]
 
 
+class Loader(Protocol):
+    """What a field reads through: ``load(item)``, awaited for the item's results."""
+
+    def load(self, key: Any) -> Awaitable[Any]: ...
+
+
+class _AtOnce:
+    """A loader reading each item as it is asked for: its batch function called with that one item."""
+
+    def __init__(self, batch: Callable[[list[Any]], Awaitable[list[Any]]]) -> None:
+        self._batch = batch
+
+    async def load(self, key: Any) -> Any:
+        """Return item's result (an item failing as a whole raises, as DataLoader.load does)."""
+        (found,) = await self._batch([key])
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+
 class Loaders:
     """The DataLoaders of one request, made on first use (inside the running event loop).
 
@@ -77,17 +102,17 @@ class Loaders:
         self._queries = queries
         self.max_keys = max_keys  # keys per read at most (Limits.max_keys)
         self.principal = principal  # a store it may not read: FORBIDDEN for the field asking, once
-        self._loaders: dict[tuple[str, int | None], DataLoader[tuple[Any, ...], list[Any]]] = {}
+        self._loaders: dict[tuple[str, int | None], Loader] = {}
         self.observe: BatchObserver | None = None
+        self.at_once = False  # no two reads of the request are ever pending together: nothing to batch
 
-    def _loader(
-        self, store: str, max_lag: int | None, read: BatchRead, is_store: bool = True
-    ) -> DataLoader[tuple[Any, ...], list[Any]]:
+    def _loader(self, store: str, max_lag: int | None, read: BatchRead, is_store: bool = True) -> Loader:
         loader = self._loaders.get((store, max_lag))
         if loader is None:
             if is_store:  # (an owner-side field's store is checked by StoreQueries.call_many)
                 check_read(self.principal, store)
-            loader = self._loaders[store, max_lag] = DataLoader(partial(self._load, read, store, max_lag))
+            batch = partial(self._load, read, store, max_lag)
+            loader = self._loaders[store, max_lag] = _AtOnce(batch) if self.at_once else DataLoader(batch)
         return loader
 
     async def _load(
@@ -102,18 +127,18 @@ class Loaders:
         found = dict(zip(keys, results, strict=True))
         return [[found[key] for key in item] for item in items]
 
-    def values(self, store: str, max_lag: int | None = None) -> DataLoader[tuple[Key, ...], list[Any]]:
+    def values(self, store: str, max_lag: int | None = None) -> Loader:
         """Return the loader of a key-value store's values (batched into get_many)."""
         return self._loader(store, max_lag, self._queries.get_many)
 
-    def windows(self, store: str, max_lag: int | None = None) -> DataLoader[tuple[WindowRequest, ...], list[Any]]:
+    def windows(self, store: str, max_lag: int | None = None) -> Loader:
         """Return the loader of a window store's fetches (batched into fetch_many)."""
         return self._loader(store, max_lag, self._queries.fetch_many)
 
-    def membership(self, store: str, max_lag: int | None = None) -> DataLoader[tuple[Key, ...], list[Any]]:
+    def membership(self, store: str, max_lag: int | None = None) -> Loader:
         """Return the loader of a bloom store's lookups (batched into might_contain_many)."""
         return self._loader(store, max_lag, self._queries.might_contain_many)
 
-    def calls(self, field: str, max_lag: int | None = None) -> DataLoader[tuple[Key, ...], list[Any]]:
+    def calls(self, field: str, max_lag: int | None = None) -> Loader:
         """Return the loader of an owner-side field's values (batched into call_many; its name is no store's)."""
         return self._loader(field, max_lag, self._queries.call_many, is_store=False)

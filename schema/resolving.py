@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from iqgraph.schema.context import Context
     from iqgraph.schema.dynamic import Field
-    from iqgraph.schema.loaders import DataLoader
+    from iqgraph.schema.loaders import Loader
     from iqgraph.schema.types import StoreInfo, StoreQueries
 
 MAX_LAG = (
@@ -80,7 +80,7 @@ def queries(info: strawberry.Info) -> StoreQueries:
     return context(info).queries
 
 
-async def load_one(loader: DataLoader[Any, Any], key: Any, convert: Callable[[Any], Any]) -> Any:
+async def load_one(loader: Loader, key: Any, convert: Callable[[Any], Any]) -> Any:
     """Return the converted value the loader finds for key; raise its API error if it failed."""
     (found,) = await loader.load((key,))
     if isinstance(found, Exception):
@@ -89,7 +89,7 @@ async def load_one(loader: DataLoader[Any, Any], key: Any, convert: Callable[[An
         return convert(found)
 
 
-async def load_each(loader: DataLoader[Any, Any], keys: Sequence[Any], convert: Callable[[Any], Any]) -> list[Any]:
+async def load_each(loader: Loader, keys: Sequence[Any], convert: Callable[[Any], Any]) -> list[Any]:
     """Return, per key and in key order, the converted value or the API error in its place (one future)."""
     if not keys:
         return []

@@ -103,19 +103,22 @@ def client_asgi(
         # in a thread: the partition gauges ask Kafka for the end offsets
         return Response(await run_in_threadpool(scrape, node.metrics), media_type=CONTENT_TYPE_LATEST)
 
+    # the paths of queries first: Starlette tries each route's pattern in turn (no two of these overlap)
     routes = [
+        Route("/graphql", graphql, methods=["GET", "POST"]),
+        WebSocketRoute("/graphql", graphql),  # subscriptions over graphql-transport-ws (schema.asgi)
+    ]
+    if raw_endpoint:
+        routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
+    if node.queries is not None:
+        routes += rest_routes(node.queries, graphql)  # GET /stores/{store}/keys/{key}, /top, /count (app.http.rest)
+    routes += [
         Route(HEALTH_PATH, healthz, methods=["GET"]),
         Route(READY_PATH, readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         graphiql_mount("/graphql"),  # GraphiQL's assets at /graphql/static (schema.graphiql)
-        Route("/graphql", graphql, methods=["GET", "POST"]),
-        WebSocketRoute("/graphql", graphql),  # subscriptions over graphql-transport-ws (schema.asgi)
         Route(f"{INTERNAL_PREFIX}{{rest:path}}", _not_for_clients, methods=["GET", "HEAD", "POST", "PUT", "DELETE"]),
     ]
-    if node.queries is not None:
-        routes += rest_routes(node.queries, graphql)  # GET /stores/{store}/keys/{key}, /top, /count (app.http.rest)
-    if raw_endpoint:
-        routes.append(Route("/raw/{store}/{key}", _raw_lookup(node), methods=["GET"]))
     if node.app.dashboard is not None:  # the app's page (App.dashboard): it reads /graphql like any client
         routes.append(Route("/dashboard", _page(node.app.dashboard), methods=["GET"]))
     if authenticator is None:

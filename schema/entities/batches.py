@@ -18,7 +18,7 @@ StoreQueries call per store per depth.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Generator, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 
     from iqgraph.schema.loaders import Loaders
 
-#: Starts the read of a batch's keys (in order) and returns its future: one result per key, in key order.
-StartRead = Callable[[tuple[Key, ...]], "asyncio.Future[list[Any]]"]
+#: Starts the read of a batch's keys (in order) and returns its future (or, for a request whose loaders read at
+#: once, its coroutine): one result per key, in key order.
+StartRead = Callable[[tuple[Key, ...]], Awaitable[list[Any]]]
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class EntityBatch:
         """Return the read called name of every key of the batch, started (once) by start(keys)."""
         found = self.reads.get(name)
         if found is None:
-            found = self.reads[name] = start(tuple(self.keys))
+            found = self.reads[name] = asyncio.ensure_future(start(tuple(self.keys)))  # a loader's future as it is
         return found
 
     def seed(self, name: Hashable, results: list[Any]) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+from iqgraph.schema import context_getter
 from tests.schema.conftest import Api
 from tests.support.apps import ShopTruth
 
@@ -65,3 +69,41 @@ async def test_a_document_is_compiled_once_and_its_plan_cached(shop: Api) -> Non
     await shop.data(query)
     plan = compiled.plan(query, None)
     assert plan is not None and compiled.plan(query, None) is plan
+
+
+def _in_one_step(api: Api, query: str) -> Any:
+    """Return the result of query's compiled execution if it finished without yielding to the event loop, else
+    None (the execution then waited a turn for reads that could batch with its own)."""
+    steps = api.schema.execute_compiled(query, None, context_getter(api.queries, api.limits)(), None, None)
+    try:
+        steps.send(None)
+    except StopIteration as done:
+        return done.value
+    steps.close()
+    return None
+
+
+async def test_a_plan_with_one_field_per_level_reads_at_once_and_one_with_two_still_batches(
+    shop: Api, truth: ShopTruth
+) -> None:
+    """Nothing can batch with the read of a document selecting one field per level (a point read, a getMany, a
+    value object's fields): its request's loaders read in the same turn, so its execution finishes without
+    waiting a turn of the event loop. Two reads side by side, or a list of objects, still wait and batch."""
+    counts = truth.counts()
+    one_at_a_time = {
+        '{ orderCount { get(key: "customer-00") } }': {"orderCount": {"get": counts["customer-00"]}},
+        '{ orderCount { __typename getMany(keys: ["customer-01", "customer-02"]) } }': {
+            "orderCount": {"__typename": "OrderCountStore", "getMany": [counts["customer-01"], counts["customer-02"]]}
+        },
+    }
+    for query, expected in one_at_a_time.items():
+        result = _in_one_step(shop, query)
+        assert result is not None, f"{query} waited a turn of the event loop"
+        assert result.errors is None and result.data == expected, query
+        assert result.data == (await shop.run(query)).data  # and graphql-core answers the same
+    together = '{ a: orderCount { get(key: "customer-00") } b: orderCount { get(key: "customer-01") } }'
+    assert _in_one_step(shop, together) is None
+    await asyncio.sleep(0.01)  # the abandoned execution's batch, already scheduled, runs
+    del shop.queries.calls[:]
+    assert (await shop.data(together)) == {"a": {"get": counts["customer-00"]}, "b": {"get": counts["customer-01"]}}
+    assert [c[0] for c in shop.queries.calls] == ["get_many"]  # the two keys in one call
