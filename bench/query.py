@@ -347,10 +347,38 @@ def run_python(url: str, endpoint: Endpoint, args: argparse.Namespace, duration:
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """Return the CPU time (user + system, all threads) process pid has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """Return the CPU time (user + system) process pid has used so far: all its threads, or only thread (a tid;
+    pid's own is its main thread, where the node's and the bare endpoint's event loops run)."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def threads_cpu(pid: int) -> dict[str, float]:
+    """Return CPU seconds so far by thread name (summed over threads of one name) of process pid."""
+    found: dict[str, float] = collections.Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found[(task / "comm").read_text().strip()] += cpu_seconds(pid, int(task.name))
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return found
+
+
+def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
+    """Measure process pid at rest for seconds: its CPU per second, all threads and its main thread's, and the
+    busiest threads (librdkafka's, py4j's, the node's own): what a request's CPU share includes at any load."""
+    before, main_before, named_before = cpu_seconds(pid), cpu_seconds(pid, pid), threads_cpu(pid)
+    started = time.perf_counter()
+    time.sleep(seconds)
+    took = time.perf_counter() - started
+    named = {n: (c - named_before.get(n, 0.0)) / took * 1e3 for n, c in threads_cpu(pid).items()}
+    return {
+        "cpu_ms_per_s": round((cpu_seconds(pid) - before) / took * 1e3, 1),
+        "main_thread_cpu_ms_per_s": round((cpu_seconds(pid, pid) - main_before) / took * 1e3, 1),
+        "busiest_threads_ms_per_s": {n: round(v, 1) for n, v in sorted(named.items(), key=lambda x: -x[1])[:6]},
+    }
 
 
 def point_lookups(
@@ -368,12 +396,14 @@ def point_lookups(
 
     def run(endpoint: Endpoint, duration: float) -> dict[str, Any]:
         serving = endpoint.pid or pid
-        before = cpu_seconds(serving)
+        before, loop_before = cpu_seconds(serving), cpu_seconds(serving, serving)
         if use_wrk:
             result = run_wrk(endpoint.url or url, endpoint, scripts[endpoint.name], args, duration)
         else:
             result = run_python(endpoint.url or url, endpoint, args, duration)
-        result["cpu_us"] = round((cpu_seconds(serving) - before) / max(result["requests"], 1) * 1e6, 1)
+        requests = max(result["requests"], 1)
+        result["cpu_us"] = round((cpu_seconds(serving) - before) / requests * 1e6, 1)
+        result["loop_cpu_us"] = round((cpu_seconds(serving, serving) - loop_before) / requests * 1e6, 1)
         return result
 
     runs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
@@ -385,7 +415,7 @@ def point_lookups(
             runs[endpoint.name].append(result)
             print(
                 f"  round {round_ + 1}: {endpoint.name:<13} {result['rps']:>9,.0f} req/s"
-                f"  {result['cpu_us']:>6,.0f} µs CPU/request",
+                f"  {result['cpu_us']:>6,.0f} µs CPU/request ({result['loop_cpu_us']:,.0f} on the event loop's thread)",
                 flush=True,
             )
     return runs
@@ -473,11 +503,13 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
     """Print the human-readable summary, then the JSON summary as the last line."""
     rps = {name: round(_median(r, "rps")) for name, r in runs.items()}
     cpu = {name: _median(r, "cpu_us") for name, r in runs.items()}
+    loop_cpu = {name: _median(r, "loop_cpu_us") for name, r in runs.items()}
     ratio = rps["graphql_post"] / rps["raw"] if rps.get("raw") else None
     trusted_ratio = rps["graphql_trusted"] / rps["raw"] if rps.get("raw") else None
     cpu_ratio = cpu["raw"] / cpu["graphql_post"] if cpu.get("graphql_post") else None
     get_ratio = rps["graphql_get"] / rps["raw"] if rps.get("raw") else None
     bare_cpu_ratio = cpu["raw"] / cpu["bare"] if cpu.get("bare") else None  # the raw endpoint's cost over a bare one's
+    bare_loop_ratio = loop_cpu["raw"] / loop_cpu["bare"] if loop_cpu.get("bare") else None  # the same, loop threads
     trusted_bare = rps["graphql_trusted"] / rps["bare"] if rps.get("bare") else None
     inline, variables = _latency(figures.pop("getmany_inline")), _latency(figures.pop("getmany_variables"))
     print(f"\nquery bench: {args.events:,} shop orders, {PARTITIONS} partitions, one node, {machine()}")
@@ -490,7 +522,8 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
     }  # fmt: skip
     for name, label in labels.items():
         r = runs[name]
-        print(f"{label:<13} {rps[name]:>9,} req/s  {cpu[name]:>6,.0f} µs CPU/req   p50 {_median(r, 'p50'):6.2f} ms"
+        print(f"{label:<13} {rps[name]:>9,} req/s  {cpu[name]:>6,.0f} µs CPU/req ({loop_cpu[name]:>4,.0f} loop)"
+              f"   p50 {_median(r, 'p50'):6.2f} ms"
               f"  p99 {_median(r, 'p99'):6.2f} ms   runs {[round(x['rps']) for x in r]}"
               f"   per core {1e6 / cpu[name]:>7,.0f} req/s")  # fmt: skip
     print(f"compiled / graphql-core: point lookup {rps['graphql_post'] / rps['graphql_post_core']:.2f}×, "
@@ -500,7 +533,12 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
     print(f"ratio trusted documentId / raw  {trusted_ratio:.3f}   target ≥ {TARGET_TRUSTED_RATIO}"
           f"   (/ bare: {trusted_bare:.3f})")  # fmt: skip
     print(f"raw endpoint / bare Starlette, CPU per request  {bare_cpu_ratio:.2f}×   target ≤ {TARGET_RAW_OVER_BARE}"
-          f"   (req/s: bare {rps['bare']:,}, raw {rps['raw']:,})")  # fmt: skip
+          f"   (req/s: bare {rps['bare']:,}, raw {rps['raw']:,}; the event loops' threads only:"
+          f" {bare_loop_ratio:.2f}×)")  # fmt: skip
+    idle = figures.get("node_idle")
+    if idle:
+        print(f"node at rest: {idle['cpu_ms_per_s']:g} ms CPU per second ({idle['main_thread_cpu_ms_per_s']:g} on the"
+              f" event loop's thread); busiest threads {idle['busiest_threads_ms_per_s']}")  # fmt: skip
     tracing = figures.get("tracing")
     if tracing:
         print(f"tracing (point lookup, two nodes side by side): off {tracing['off_cpu_us']:.0f} µs CPU/request, "
@@ -525,6 +563,7 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
         "rps": rps,
         "rps_runs": {n: [round(x["rps"]) for x in r] for n, r in runs.items()},
         "cpu_us_per_request": cpu,
+        "loop_thread_cpu_us_per_request": loop_cpu,
         "latency_p50_ms": {n: _median(r, "p50") for n, r in runs.items()},
         "non_2xx": errors,
         "ratio_graphql_raw": None if ratio is None else round(ratio, 3),
@@ -532,6 +571,7 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
         "ratio_trusted_raw": None if trusted_ratio is None else round(trusted_ratio, 3),
         "ratio_trusted_bare": None if trusted_bare is None else round(trusted_bare, 3),
         "raw_over_bare_cpu": None if bare_cpu_ratio is None else round(bare_cpu_ratio, 2),
+        "raw_over_bare_loop_cpu": None if bare_loop_ratio is None else round(bare_loop_ratio, 2),
         "ratio_by_cpu": None if cpu_ratio is None else round(cpu_ratio, 3),
         "compiled_over_core": {
             "point": round(rps["graphql_post"] / rps["graphql_post_core"], 2),
@@ -572,6 +612,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=50, help="sequential getMany requests")
     parser.add_argument("--master", default="local[2]", help="the node's Spark master")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the node to start and catch up")
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds the node's CPU at rest is measured")
     parser.add_argument("--keep-serving", type=float, default=0.0, help="serve this many more seconds (profiling)")
     parser.add_argument(
         "--tracing", action="store_true", help="also a second node with IQGRAPH_TRACING=true: the point lookup's CPU "
@@ -598,6 +639,8 @@ def measure(args: argparse.Namespace, node: NodeProcess, events: list[Any], work
             if got.get("value") != counts[KEY]:
                 raise RuntimeError(f"the bare endpoint answered {got}, expected {counts[KEY]}")
             more = [Endpoint("bare", "GET", f"/bare/{STORE}/{KEY}", url=bare.url, pid=bare.pid)]
+            figures["node_idle"] = idle_cpu(node.process.pid, args.idle)
+            print(f"node at rest: {figures['node_idle']}", flush=True)
             runs = point_lookups(node.url, KEY, args, workdir, node.process.pid, more)
         keys = many_keys()
         figures["getmany_existing_keys"] = sum(k in counts for k in keys)
