@@ -9,9 +9,10 @@ and the work of a request whose client went away cancelled.
 2. Its body is read here, whole, before the app runs: a Content-Length over ``max_body_bytes`` is 413 at
    once, nothing read; a body without one (chunked) is counted as it comes and refused as soon as it
    passes the limit. Both refusals close the connection, so the rest of the body is never read.
-3. The app runs in a task of its own, given the body as one message, under the request's deadline
+3. The app runs in the request's own task, given the body as one message, under the request's deadline
    (``request_timeout_ms`` from the request's arrival, its body's reading included). Past it, a request
-   whose answer has not begun gets 504 (code TIMEOUT) at once and its task is cancelled. A request still
+   whose answer has not begun gets 504 (code TIMEOUT) at once and its work is cancelled (the task is, as by
+   ``asyncio.timeout``). A request still
    running ``WATCH_AFTER_S`` after its arrival listens for its client once its body is read: if the
    client goes away before the answer begins, the task is cancelled (its reads, its peers' sub-requests:
    their connections close, so the peers' guards cancel theirs) and nothing is sent (logged at INFO).
@@ -29,7 +30,7 @@ disconnect, whatever the order in which the app, the deadline and the client's d
 listener for the client (the only reader of uvicorn's ``receive`` once the body is read: the app gets
 the body from the guard) is cancelled before the response's first message goes out: uvicorn's
 ``receive`` also answers ``http.disconnect`` once a response is complete, which must never read as a
-client gone. The guard returns to uvicorn only once the app's task ended and the answer is sent.
+client gone. The guard returns to uvicorn only once the app ended and the answer is sent.
 
 Refusals are GraphQL-shaped (``schema.http_spec.refusal``): ``{"errors": [{"message": …, "extensions":
 {"code": "LIMIT_EXCEEDED" | "TIMEOUT"}}]}``.
@@ -102,25 +103,30 @@ class _Guarded:
         self._decided: asyncio.Event | None = None  # set once the state leaves OPEN (an event stream's app waits)
         self._watcher: asyncio.Task[None] | None = None
         self._refusal: asyncio.Task[None] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[Any] | None = None  # the request's own (uvicorn's task for it)
+        self._cut = False  # the guard cancelled it (the deadline, or the client's going)
         self._timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
-        """Read the body and run the app in a task of its own; return once it ended and the answer is sent."""
+        """Read the body and run the app in this request's own task; return once it ended and the answer is sent.
+
+        The deadline and the client's going cancel this task (``_cut``), as ``asyncio.timeout`` does: the app
+        sees the CancelledError at the await it is at, and it ends here, counted off (``uncancel``), unless the
+        task was cancelled by someone else too (the server stopping): then it goes on up.
+        """
         loop = asyncio.get_running_loop()
         timeout_s = self.guard.timeout_ms / 1000
         self._deadline = loop.time() + timeout_s
-        self._task = task = loop.create_task(self._serve())
+        self._task = asyncio.current_task()
         if WATCH_AFTER_S < timeout_s:
             self._timer = loop.call_later(WATCH_AFTER_S, self._due)
         else:
             self._timer = loop.call_at(self._deadline, self._expire)
         try:
-            await task
+            await self._serve()
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # the server stops: the app's task was cancelled with this one
+            if not self._counted_off():
+                raise  # the server stops: the request's work ends with it
         except Exception:
             if self.state is _State.REFUSED or self.state is _State.GONE:
                 log.debug("%s %s failed after its refusal or its client's going", *self.named, exc_info=True)
@@ -129,8 +135,17 @@ class _Guarded:
         finally:
             self._timer.cancel()
             self._stop_watching()
+        self._counted_off()  # an app that swallowed the guard's cancellation: counted off all the same
         if self._refusal is not None:
             await self._refusal  # the deadline's 504: sent before the request ends
+
+    def _counted_off(self) -> bool:
+        """Count off the guard's cancellation of the request's task, if it made one; return whether it was the
+        task's only one (False: none was the guard's, or the server stops too)."""
+        if not self._cut or self._task is None:
+            return False
+        self._cut = False
+        return self._task.uncancel() == 0
 
     async def _serve(self) -> None:
         try:
@@ -232,6 +247,7 @@ class _Guarded:
         """The deadline passed: unless an answer began, refuse the request (504) and cancel its work."""
         if self._task is None or not self._claim(_State.REFUSED):
             return
+        self._cut = True
         self._task.cancel()
         refusal = http_spec.timed_out(self.guard.timeout_ms)
         self._refusal = asyncio.get_running_loop().create_task(send_refusal(self._send, refusal, not self._read))
@@ -242,6 +258,7 @@ class _Guarded:
         """The client went away: unless an answer began, cancel the request's work (nothing will be sent)."""
         if self._task is None or not self._claim(_State.GONE):
             return
+        self._cut = True
         self._task.cancel()
         log.info("%s %s: the client went away before the answer: its work cancelled", *self.named)
         self.guard.count(CLIENT_GONE)

@@ -119,6 +119,27 @@ async def test_a_body_within_the_limit_reaches_the_app_once() -> None:
     assert cycle.status == 200 and app.bodies == [b"x" * 60 + b"y" * 40]
 
 
+async def test_the_app_runs_in_the_requests_own_task_and_a_cut_leaves_no_cancellation_behind() -> None:
+    """No task per request: the app runs in the task uvicorn gave the request. The deadline cancels that task's
+    work and counts its cancellation off, whether the app let it through or swallowed it."""
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        tasks.append(asyncio.current_task())
+        await Recorder()(scope, receive, send)
+
+    cycle = Cycle([b"{}"])
+    await RequestGuard(app, LIMITS)(cycle.scope, cycle.receive, cycle.send)
+    assert cycle.status == 200 and tasks == [asyncio.current_task()]
+    for swallow in (False, True):
+        slow, cut = Recorder(delay=5, swallow=swallow), Cycle([b"{}"])
+        await RequestGuard(slow, LIMITS)(cut.scope, cut.receive, cut.send)
+        assert cut.status == 504 and slow.cancelled
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0
+        await asyncio.sleep(0.01)  # and nothing cancels this task later
+
+
 async def test_a_content_length_over_the_limit_is_refused_unread() -> None:
     app, cycle = Recorder(), Cycle([b"x" * 500], [(b"content-length", b"500")])
     await RequestGuard(app, LIMITS)(cycle.scope, cycle.receive, cycle.send)
