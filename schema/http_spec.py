@@ -44,6 +44,7 @@ Limits (``headers_too_large``, ``body_too_large``, ``timed_out``: the refusals a
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -95,6 +96,7 @@ def _quality(media: str, ranges: Sequence[tuple[str, float]]) -> tuple[float, in
     return q, specificity
 
 
+@functools.lru_cache(maxsize=1024)  # a client sends the same Accept with every request
 def negotiate(accept: str | None) -> str | None:
     """Return the media type to answer an Accept header with; None when it accepts none we serve."""
     if accept is None or not accept.strip():
