@@ -12,7 +12,9 @@ clients and peers. ``Hygiene`` adds to uvicorn's httptools protocol:
   request it has not sent could be taken for the answer to the next one);
 - an **idle keep-alive timeout**: uvicorn's own (``keep_alive_timeout_s``);
 - a **cap on open connections** per listener (``max_connections``): one more is answered ``503`` with a coded
-  JSON error (``LIMIT_EXCEEDED``) and closed at once, before anything of it is read.
+  JSON error (``LIMIT_EXCEEDED``) and closed at once, before anything of it is read;
+- a response's **head and body in one write** (``_HeadWithBody``): uvicorn writes them apart, two ``send`` calls
+  and two TCP segments per response.
 
 A node listens on two sockets (clients', and peers': app.http.server), each with a Hygiene of its own: a
 connection is bounded, and counted, by the one of the port it came in on. Each refusal is counted in
@@ -109,7 +111,10 @@ class _BoundedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._begun = False
+        existing = self.cycle
         super().on_headers_complete()
+        if self.cycle is not existing and self.scope["method"] != "HEAD":  # (a HEAD's answer has no body)
+            self.cycle.transport = _HeadWithBody(self.transport)  # type: ignore[assignment]  # an upgrade has no cycle
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -149,3 +154,40 @@ def server_config(
         timeout_keep_alive=hygiene.keep_alive_timeout_s,
         **(defaults | options),
     )
+
+
+class _HeadWithBody:
+    """The transport one response cycle writes through: a response head announcing a Content-Length is held until
+    the body's first write and goes out with it, in one write (one ``send``, one TCP segment), where uvicorn writes
+    them apart: uvicorn writes the body, even an empty one, right after (a HEAD request's cycle writes none: it
+    gets no such transport). Any other write (an interim ``100 Continue``, a chunked stream's head: its body may
+    come much later) goes out at once; ``close`` (an app that ended without its body) sends a head still held."""
+
+    __slots__ = ("_transport", "_head", "_wrote")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head: bytes | None = None
+        self._wrote = False  # the response's head went through: the rest goes straight on
+
+    def write(self, data: bytes) -> None:
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        elif not self._wrote and not data.startswith(b"HTTP/1.1 1") and b"\r\ncontent-length:" in data:
+            self._head, self._wrote = data, True
+            return
+        self._wrote = self._wrote or not data.startswith(b"HTTP/1.1 1")
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Send the head still held, if any."""
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()

@@ -5,17 +5,19 @@ sockets and a few seconds."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import orjson
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from iqgraph.app.http.connections import Hygiene, server_config
@@ -164,3 +166,77 @@ def test_each_listener_caps_its_own_connections() -> None:
             sock.close()
     assert peers.refused["too many connections"] == 1 and clients.refused["too many connections"] == 1
     assert not peers.held and not clients.held
+
+
+class _Recording(asyncio.Transport):
+    """A transport recording each write the protocol makes (one write is one send on a socket)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def _stream(_: object) -> StreamingResponse:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"first"
+        await asyncio.sleep(0.05)
+        yield b"second"
+
+    return StreamingResponse(chunks(), media_type="text/event-stream")
+
+
+async def _echo(request: Request) -> JSONResponse:
+    return JSONResponse({"body": (await request.body()).decode()})
+
+
+async def _writes_of(request: bytes, until: bytes) -> list[bytes]:
+    """Return the writes of the node's HTTP protocol (uvicorn's, bounded) answering request, once until was written."""
+    app = Starlette(routes=[Route("/", _hello, methods=["GET", "HEAD", "POST"]), Route("/stream", _stream),
+                          Route("/echo", _echo, methods=["POST"])])  # fmt: skip
+    config = server_config(app, Hygiene())
+    config.load()
+    protocol = config.http_protocol_class(  # type: ignore[call-arg]
+        config=config, server_state=uvicorn.server.ServerState(), app_state={}
+    )
+    transport = _Recording()
+    protocol.connection_made(transport)
+    protocol.data_received(request)
+    deadline = time.monotonic() + 5
+    while until not in b"".join(transport.writes) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    protocol.connection_lost(None)
+    return transport.writes
+
+
+async def test_a_response_goes_out_in_one_write_and_an_interim_or_streamed_head_at_once() -> None:
+    """uvicorn writes a response's head and body apart (two sends, two segments): the node's protocol writes them
+    together, unless the head must go first (100 Continue, an event stream's head) or there is no body (HEAD)."""
+    [one] = await _writes_of(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n", b'{"hello":"world"}')
+    assert one.startswith(b"HTTP/1.1 200 OK\r\n") and one.endswith(b'\r\n\r\n{"hello":"world"}')
+    [head] = await _writes_of(b"HEAD / HTTP/1.1\r\nhost: a\r\n\r\n", b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 17" in head and head.endswith(b"\r\n\r\n")
+    expect = b"POST /echo HTTP/1.1\r\nhost: a\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n"
+    interim = await _writes_of(expect, b"HTTP/1.1 100 Continue")
+    assert interim == [b"HTTP/1.1 100 Continue\r\n\r\n"]  # at once: the client waits for it to send its body
+    streamed = await _writes_of(b"GET /stream HTTP/1.1\r\nhost: a\r\n\r\n", b"second")
+    assert streamed[0].startswith(b"HTTP/1.1 200 OK\r\n") and streamed[0].endswith(b"\r\n\r\n")  # the head alone
+    assert b"first" in streamed[1] and b"second" in b"".join(streamed[2:])
