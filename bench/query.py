@@ -411,6 +411,8 @@ def point_lookups(
         run(endpoint, args.warmup)
     for round_ in range(args.rounds):
         for endpoint in every:
+            if args.settle:  # the previous endpoint's garbage (graphql-core's, mostly) is collected off the clock
+                run(endpoint, args.settle)
             result = run(endpoint, args.duration)
             runs[endpoint.name].append(result)
             print(
@@ -605,6 +607,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--events", type=int, default=5_000, help="orders to produce before the node starts")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per load run")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up per endpoint")
+    parser.add_argument("--settle", type=float, default=1.0, help="seconds of unmeasured load before each measured run")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians are reported)")
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
