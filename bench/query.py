@@ -16,7 +16,8 @@ One run, all on this machine:
    five stores, compiled and on graphql-core; and (d) ``GET /bare/order_count/<key>`` on a bare Starlette
    endpoint doing the raw endpoint's RocksDB read without the node's layers (bench/bare_lookup.py, read-only
    over the node's partition databases: the ceiling, its own process's CPU counted); runs alternate,
-   ``--rounds`` times, and the medians count.
+   ``--rounds`` times, each measured run after ``--settle`` seconds of the same load unmeasured (the run before
+   it leaves garbage the collector would otherwise charge to this one), and the medians count.
    The client is wrk when it is on PATH (``make bench-query`` installs it as root), else a Python asyncio
    keep-alive client (bench/query.py's own, much lighter than httpx so that it does not cap the raw rate).
    Each run also records the node process's CPU time per request, the steadier figure on a shared machine;
