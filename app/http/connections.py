@@ -191,3 +191,6 @@ class _HeadWithBody:
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:  # anything else a cycle may ask of its transport: the transport's
+        return getattr(self._transport, name)
