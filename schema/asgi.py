@@ -196,6 +196,15 @@ class GraphQLApp(GraphQL[Context, None]):
         context.authenticate(principal)
         return UNSET
 
+    def should_render_graphql_ide(self, request: Any) -> bool:
+        """Return whether a GET is a browser's ask for GraphiQL: Strawberry's rule (no ``query``, HTML or */*
+        accepted), and it names no document either (``documentId``, APQ's ``extensions``), which curl's */* or a
+        browser's Accept asks to be answered, not shown an IDE."""
+        params = request.query_params
+        if params.get("documentId") is not None or params.get("extensions") is not None:
+            return False
+        return super().should_render_graphql_ide(request)
+
     def streams(self, headers: Mapping[str, str]) -> bool:
         """Return whether a request asks for an event stream (SSE), and this app serves one."""
         return self._get_stream_transport_from_headers(headers) is not None

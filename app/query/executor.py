@@ -288,6 +288,8 @@ class Failover:
     def plan(self, needs: Mapping[int, Sequence[int]]) -> routing.Plan:
         """Return where each item's partitions are read now."""
         self.excluded(-1)  # a new round lets the nodes that were not ready be asked again
+        if not self._failed and not self._waiting:  # a first round: no node excluded anywhere
+            return self.replicas.plan(self.topic, needs, self.bound, {})
         parts = set(self._failed) | set(self._waiting)
         excluded = {p: self.excluded(p) for p in parts}
         return self.replicas.plan(self.topic, needs, self.bound, excluded)

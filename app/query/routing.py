@@ -186,6 +186,10 @@ def choose(
 ) -> Server | Refusal:
     """Return the replica that serves topic-partition under the failover rules, or why none can."""
     owners = cmap.owners_of(topic, partition)
+    active = owners.active
+    if active and active not in excluded and cmap.is_up(active):  # the common case, asked first
+        if replicas(active, topic, partition).state in (RUNNING, UNKNOWN):
+            return Server(active, "active")
     known = {n: replicas(n, topic, partition) for n in _replicas(owners) if cmap.is_up(n) and n not in excluded}
     usable = [n for n, s in known.items() if s.state != DOWN]
     restoring: str | None = None

@@ -136,6 +136,20 @@ def test_only_trusted_documents_run_by_id_by_hash_or_by_their_text(locked: str, 
         assert ws.receive()["payload"]["data"]["perKeyWatch"]["value"] == shop.count(KEYS[1])
 
 
+def test_a_get_naming_a_document_is_answered_whatever_it_accepts_and_only_a_bare_one_gets_graphiql(
+    locked: str, shop: LiveShop
+) -> None:
+    expected = {"data": {"perKey": {"get": shop.count(KEYS[0])}}}
+    variables = json.dumps({"k": KEYS[0]})
+    for accept in ("*/*", "text/html,application/xhtml+xml,*/*;q=0.8", None):  # curl's, a browser's, none
+        headers = {} if accept is None else {"accept": accept}
+        for named in ({"documentId": f"sha256:{sha256_of(GET)}"}, {"extensions": json.dumps(_persisted(GET))}):
+            answer = httpx.get(f"{locked}/graphql", params={**named, "variables": variables}, headers=headers)
+            assert answer.status_code == 200 and answer.json() == expected, (accept, named, answer.text[:200])
+    page = httpx.get(f"{locked}/graphql", headers={"accept": "text/html"})
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
 def test_trusted_documents_are_compiled_at_start_and_one_that_does_not_validate_stops_the_start(
     shop: LiveShop,
 ) -> None:
