@@ -207,7 +207,8 @@ class GraphQLApp(GraphQL[Context, None]):
 
     def streams(self, headers: Mapping[str, str]) -> bool:
         """Return whether a request asks for an event stream (SSE), and this app serves one."""
-        return self._get_stream_transport_from_headers(headers) is not None
+        accept = {"accept": headers.get("accept") or ""}  # Strawberry scans the headers it is given for Accept
+        return self._get_stream_transport_from_headers(accept) is not None
 
     async def get_sub_response(self, request: Request | WebSocket) -> Response:
         """Return the response resolvers may add headers to; its media_type is the one Accept chose (or 406)."""

@@ -330,3 +330,31 @@ async def test_refusals_are_graphql_responses(
     assert set(body) == {"errors"} and isinstance(body["errors"][0]["message"], str), body
     assert body["errors"][0]["extensions"]["code"]
     assert "Traceback" not in response.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"query": "{ a }", "variables": {"n": 1180591620717411303424}}',  # past 64 bits: orjson refuses it
+        b'{"query": "{ a }", "variables": {"x": NaN, "y": -Infinity}}',  # not JSON, but Python's json reads it
+        b'{"query": "\\ud800"}',  # a lone surrogate
+        b'{"query": "{ a }", "variables": {"k": "caf\xc3\xa9"}, "extensions": {}}',
+    ],
+)
+def test_a_body_is_read_to_the_values_pythons_json_reads(body: bytes) -> None:
+    import json
+    import math
+
+    from iqgraph.schema.http_spec import decode_body
+
+    expected, found = json.loads(body.decode("utf-8")), decode_body(body)
+    assert repr(found) == repr(expected) or (math.isnan(found["variables"]["x"]) and found["variables"]["y"] < 0)
+
+
+@pytest.mark.parametrize("body", [b"{", b"\xff{}", b"\xef\xbb\xbf{}", b"[" * 100_000])
+def test_a_body_that_is_not_json_is_a_400(body: bytes) -> None:
+    from iqgraph.schema.http_spec import RequestError, decode_body
+
+    with pytest.raises(RequestError) as raised:
+        decode_body(body)
+    assert raised.value.status_code == 400
