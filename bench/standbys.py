@@ -10,10 +10,16 @@ One run, all on this machine, against one embedded Apache Kafka broker:
    ``--events`` shop orders produced, batched; the nodes waited for until each has applied every record of every
    partition it hosts, active and standby (``node { partitions { appliedOffset endOffset } }``); the CPU seconds
    read again;
-3. per setting: each node's CPU for the ingest, the cluster's total, and the ratio with standbys / without; the
+3. the ingest rate: ``--events`` over the time from the first produce until both nodes caught up;
+4. produce → visible at light load: with the nodes caught up, one order at a time at ``--rate`` per second for
+   ``--seconds``, each with a customer key of its own, produced with librdkafka's Java-compatible partitioner
+   and no linger; node-0 is asked for every pending key's order count (one ``getMany`` every 5 ms, routed to the
+   key's active node as any client's query is) until the key is visible: p50 and p99 in ms;
+5. per setting: each node's CPU for the ingest, the cluster's total, and the ratio with standbys / without; the
    last line one JSON object with every figure.
 
-Usage: ``.venv/bin/python bench/standbys.py [--events N] [--standbys 0,1]`` (~2 minutes per setting).
+Usage: ``.venv/bin/python bench/standbys.py [--events N] [--standbys 0,1] [--rate R] [--seconds S]`` (~2 minutes
+per setting).
 """
 
 from __future__ import annotations
@@ -32,9 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, bench/ comes first on sys.path; put the repository ahead of it.
 sys.path.insert(0, str(ROOT))
 
-from bench.cluster import Client, produce_orders, stop_nodes  # noqa: E402
-from bench.ingest import _proc_stat  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
+
+from bench.cluster import FIELD as COUNT_FIELD  # noqa: E402
+from bench.cluster import GET_MANY, Client, produce_orders, stop_nodes  # noqa: E402
+from bench.ingest import _proc_stat, latency_events, percentile  # noqa: E402
 from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
+from iqgraph.streaming.broker import JAVA_PARTITIONER  # noqa: E402
 from tests.support.nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
 
 PARTITIONS = 6
@@ -75,8 +85,43 @@ def caught_up(client: Client, nodes: list[NodeProcess], topic: str, events: int,
     return sum(ends.values()) == events and all(a >= e for view in views for a, e in view.values())
 
 
-def run(broker: KafkaBroker, home: Path, events: int, standbys: int, timeout: float) -> dict[str, Any]:
-    """Measure the two nodes' CPU for ingesting events with standbys standbys per partition."""
+def visible_ms(
+    client: Client, url: str, bootstrap: str, topic: str, events: int, rate: float, seconds: float
+) -> list[float]:
+    """Produce an order a key at rate per second for seconds; return ms from produce() until url answers its count."""
+    orders = latency_events(events, max(int(rate * seconds), 1))
+    producer = Producer({**JAVA_PARTITIONER, "linger.ms": 0, "bootstrap.servers": bootstrap})  # sent at once
+    pending: dict[str, float] = {}
+    found: list[float] = []
+    started = time.perf_counter()
+    sent, deadline = 0, started + seconds + 30
+    while (sent < len(orders) or pending) and time.perf_counter() < deadline:
+        if sent < len(orders) and time.perf_counter() >= started + sent / rate:
+            key, value = orders[sent]
+            pending[key] = time.perf_counter()
+            producer.produce(topic, key=key.encode(), value=value)
+            sent += 1
+        producer.poll(0)
+        if pending:
+            keys = list(pending)
+            answer: Any = client.graphql(url, GET_MANY, {"k": keys})
+            if not answer.get("errors"):
+                now = time.perf_counter()
+                for key, count in zip(keys, answer["data"][COUNT_FIELD]["getMany"], strict=True):
+                    if count is not None:
+                        found.append((now - pending.pop(key)) * 1000)
+        time.sleep(0.005)  # a 5 ms poll, as bench/ingest.py's
+    producer.flush(10)
+    if pending:
+        raise TimeoutError(f"{len(pending)} of {len(orders)} light-load orders never became visible")
+    return found
+
+
+def run(
+    broker: KafkaBroker, home: Path, events: int, standbys: int, timeout: float, rate: float, seconds: float
+) -> dict[str, Any]:
+    """Measure the two nodes' CPU for ingesting events with standbys standbys per partition, the ingest rate, and
+    produce → visible at light load after it."""
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     broker.create_topics({topic: PARTITIONS})
     module = f"bench_standbys_{standbys}"
@@ -94,11 +139,24 @@ def run(broker: KafkaBroker, home: Path, events: int, standbys: int, timeout: fl
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the nodes did not catch up in {timeout:.0f} s")
             time.sleep(0.5)
-        seconds = time.perf_counter() - started
+        took = time.perf_counter() - started
         cpu = [round(tree_cpu(node.process.pid) - b, 1) for node, b in zip(nodes, before, strict=True)]
+        light = visible_ms(client, nodes[0].url, broker.bootstrap_servers, topic, events, rate, seconds)
     finally:
         stop_nodes(nodes)
-    return {"standbys": standbys, "seconds": round(seconds, 1), "node_cpu_s": cpu, "total_cpu_s": round(sum(cpu), 1)}
+    return {
+        "standbys": standbys,
+        "seconds": round(took, 1),
+        "events_per_s": round(events / took),
+        "node_cpu_s": cpu,
+        "total_cpu_s": round(sum(cpu), 1),
+        "light_load": {
+            "rate": rate,
+            "orders": len(light),
+            "p50_ms": round(percentile(light, 50) or 0, 1),
+            "p99_ms": round(percentile(light, 99) or 0, 1),
+        },
+    }
 
 
 def main() -> None:
@@ -106,17 +164,23 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--standbys", default="0,1", help="the settings to measure, in order, comma-separated")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--rate", type=float, default=20.0, help="light-load step: orders per second")
+    parser.add_argument("--seconds", type=float, default=10.0, help="light-load step: how long")
     args = parser.parse_args()
     settings = [int(s) for s in args.standbys.split(",")]
     with KafkaBroker() as broker, tempfile.TemporaryDirectory(prefix="iqgraph-bench-standbys-") as tmp:
-        runs = [run(broker, Path(tmp) / f"s{s}", args.events, s, args.timeout) for s in settings]
+        runs = [
+            run(broker, Path(tmp) / f"s{s}", args.events, s, args.timeout, args.rate, args.seconds) for s in settings
+        ]
     base = next((r for r in runs if r["standbys"] == 0), None)
     for r in runs:
         ratio = round(r["total_cpu_s"] / base["total_cpu_s"], 2) if base and base["total_cpu_s"] else None
         r["ratio_to_no_standbys"] = ratio
         print(
-            f"standbys {r['standbys']}: {args.events:,} orders caught up on both nodes in {r['seconds']} s; "
-            f"CPU s per node {r['node_cpu_s']}, total {r['total_cpu_s']} (× {ratio} of no standbys)"
+            f"standbys {r['standbys']}: {args.events:,} orders caught up on both nodes in {r['seconds']} s "
+            f"({r['events_per_s']:,} events/s); CPU s per node {r['node_cpu_s']}, total {r['total_cpu_s']} "
+            f"(× {ratio} of no standbys); produce → visible at {args.rate:g}/s p50 {r['light_load']['p50_ms']} ms, "
+            f"p99 {r['light_load']['p99_ms']} ms"
         )
     print(json.dumps({"events": args.events, "partitions": PARTITIONS, "nodes": NODES, "runs": runs}))
 
