@@ -7,7 +7,8 @@ store WITH a transform or a join (``streaming.joins``) may filter, add or change
 projected on their own to
 ``NARROW_SCHEMA`` rows (``store`` set) and unioned by name with the wide rows. The union is coalesced into a
 few tasks (no shuffle: each Kafka partition's records of a store stay whole and in order) and aggregated
-by ``streaming.arrow_partials.partials_of`` through mapInArrow. The driver gets one small Arrow table.
+by ``streaming.arrow_partials.partials_of`` through mapInArrow (``task_partials``: the worker's modules frozen
+out of PySpark's collection after each task). The driver gets one small Arrow table.
 
 One wide row instead of one narrow row per store moves a batch's records from the JVM to Python once, not
 once per store (the shop example's 10 stores: 20k rows instead of 220k per 20k-record batch).
@@ -24,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType, NumericType
 
 from iqgraph.stores import StoreKind
-from iqgraph.streaming.arrow_partials import PARTIALS_SCHEMA, StorePlan, partials_of
+from iqgraph.streaming.arrow_partials import PARTIALS_SCHEMA, StorePlan, task_partials
 from iqgraph.streaming.definitions import DefinitionError, StoreDefinition
 from iqgraph.streaming.joins import Enrich
 from iqgraph.streaming.static_types import check_records
@@ -187,7 +188,7 @@ class PartialsPlan:
                 plans.append(_plan(store, number, times, None))
         rows = decoded.select(*self._rows)
         union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), narrow, rows).coalesce(self.tasks)
-        return union.mapInArrow(partial(partials_of, plans=plans), PARTIALS_SCHEMA)
+        return union.mapInArrow(partial(task_partials, plans=plans), PARTIALS_SCHEMA)
 
 
 def partials_frame(
