@@ -356,13 +356,15 @@ class Latency:
 
 
 def light_load(runner: StreamRunner, app: App, bootstrap: str, args: argparse.Namespace, sink: SinkTimes) -> Latency:
-    """Run the latency step on a caught-up runner."""
+    """Run the latency step on a caught-up runner, after --warmup seconds of the same load (not measured)."""
+    if args.warmup:  # the Spark JVM compiles the light batches' code for ~1 minute: C2 took ~0.9 of the 2 cores
+        measure_latency(runner, app, bootstrap, latency_events(args.events, int(args.rate * args.warmup)), args.rate)
     orders = latency_events(args.events, int(args.rate * args.seconds))
-    before, cpu = len(batches_of(runner, sink)), cpu_seconds()
+    last, cpu = max((b.batch_id for b in batches_of(runner, sink)), default=-1), cpu_seconds()
     latencies = measure_latency(runner, app, bootstrap, orders, args.rate)
     used = cpu_since(cpu)
     time.sleep(0.5)  # the last batch's progress report
-    return Latency(args.rate, latencies, batches_of(runner, sink)[before:], used)
+    return Latency(args.rate, latencies, [b for b in batches_of(runner, sink) if b.batch_id > last], used)
 
 
 # -- 5. report -------------------------------------------------------------------------------------------
@@ -486,6 +488,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trigger", default="0 seconds", help="trigger interval of the streaming query")
     parser.add_argument("--rate", type=float, default=20.0, help="latency step: orders per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency step: how long")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        help="latency step: seconds of the same load first, not measured (the JVM's JIT warms up in ~60 s)",
+    )
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="an extra Spark setting")
     parser.add_argument("--kafka", action="append", default=[], metavar="KEY=VALUE", help="a librdkafka setting")
     parser.add_argument("--timeout", type=float, default=600.0, help="ingest timeout (s)")
@@ -565,7 +573,9 @@ def main() -> None:
         kafka["raw_consume_rate_large_fetches"] = args.events / raw_consume(
             bootstrap, topic, args.events, LARGE_FETCHES
         )
+        # the query's progress reports are where the step's batches are read: keep more than Spark's 100
         conf = dict(item.split("=", 1) for item in args.conf)
+        conf = {"spark.sql.streaming.numRecentProgressUpdates": "1000", **conf}
         if args.standalone:  # the executors' CPU is the worker's, not counted in the node's CPU seconds
             cluster = stack.enter_context(standalone_cluster(Path(tmp) / "spark"))
             args.master = cluster.url
