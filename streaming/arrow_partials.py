@@ -116,17 +116,25 @@ class _Rows:
 
 
 def task_partials(batches: Iterator[pa.RecordBatch], plans: Sequence[StorePlan]) -> Iterator[pa.RecordBatch]:
-    """``partials_of`` as the function mapInArrow runs in a Python worker, the worker's modules frozen first.
+    """``partials_of`` as the function mapInArrow runs in a Python worker; after a worker's first task, what it
+    holds is frozen out of the garbage collector's reach.
 
     PySpark's daemon runs a full ``gc.collect()`` in a reused worker after every task (pyspark/daemon.py), which
-    walked every object the worker had imported (pyspark, pyarrow, numpy, iqgraph): ~45 ms of CPU per light-load
-    micro-batch of two tasks. ``gc.freeze()`` on a worker's first task moves what it holds by then into the
-    permanent generation, which collections skip; each task's own garbage is still collected.
+    walked every object the worker held: pyspark, pyarrow, numpy, iqgraph, and what the first task imported lazily
+    (pyarrow.acero) — ~80,000 objects, ~30 ms of CPU per task. ``gc.freeze()`` after the first task moves them into
+    the permanent generation, which collections skip (then ~0.05 ms); each task's own garbage is still collected.
+    Frozen after the task, not before: the first task's lazy imports would otherwise stay in every collection
+    (~10 ms each). A flag says whether it is done: ``gc.get_freeze_count()`` walks the whole frozen list.
     """
-    if not gc.get_freeze_count():  # once per worker process (spark.python.worker.reuse keeps it for the next task)
+    global _frozen  # once per worker process (spark.python.worker.reuse keeps it for the next task)
+    yield from partials_of(batches, plans)
+    if not _frozen:
+        _frozen = True
         gc.collect()
         gc.freeze()
-    return partials_of(batches, plans)
+
+
+_frozen = False  # whether this process froze its objects (task_partials)
 
 
 def partials_of(batches: Iterator[pa.RecordBatch], plans: Sequence[StorePlan]) -> Iterator[pa.RecordBatch]:

@@ -7,7 +7,7 @@ store WITH a transform or a join (``streaming.joins``) may filter, add or change
 projected on their own to
 ``NARROW_SCHEMA`` rows (``store`` set) and unioned by name with the wide rows. The union is coalesced into a
 few tasks (no shuffle: each Kafka partition's records of a store stay whole and in order) and aggregated
-by ``streaming.arrow_partials.partials_of`` through mapInArrow (``task_partials``: the worker's modules frozen
+by ``streaming.arrow_partials.partials_of`` through mapInArrow (``task_partials``: what the worker holds frozen
 out of PySpark's collection after each task). The driver gets one small Arrow table.
 
 One wide row instead of one narrow row per store moves a batch's records from the JVM to Python once, not
