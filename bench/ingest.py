@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,9 +280,27 @@ def latency_events(events: int, count: int) -> list[tuple[str, bytes]]:
 def measure_latency(
     runner: StreamRunner, app: App, bootstrap: str, orders: list[tuple[str, bytes]], rate: float, timeout: float = 30.0
 ) -> list[float]:
-    """Produce orders at rate per second; return ms from produce() until each key's count is visible."""
+    """Produce orders at rate per second; return ms from produce() until each key's count is visible in the stores."""
     topic = app.topics[0]
     views = {p: s.kv("order_count") for p, s in runner.partitions[topic.name].items()}
+    partitions = {k: partition_for(k, topic.partitions, topic.key_format, app.kafka.partitioner) for k, _ in orders}
+
+    def visible(keys: list[str]) -> list[str]:
+        return [key for key in keys if views[partitions[key]].get(key) is not None]
+
+    return visible_after_produce(bootstrap, topic.name, orders, rate, visible, timeout)
+
+
+def visible_after_produce(
+    bootstrap: str,
+    topic: str,
+    orders: list[tuple[str, bytes]],
+    rate: float,
+    visible: Callable[[list[str]], list[str]],
+    timeout: float = 30.0,
+) -> list[float]:
+    """Produce orders (each a key of its own) at rate per second with the Java client's partitioner and no linger;
+    return ms from produce() until visible (which of the pending keys can be seen now, asked every 5 ms) has each."""
     producer = Producer({**JAVA_PARTITIONER, "linger.ms": 0, "bootstrap.servers": bootstrap})  # sent at once
     errors: list[KafkaError] = []
 
@@ -290,22 +308,22 @@ def measure_latency(
         if error is not None:
             errors.append(error)
 
-    pending: dict[str, tuple[int, float]] = {}
+    pending: dict[str, float] = {}
     latencies: list[float] = []
     started = time.perf_counter()
     sent, deadline = 0, started + len(orders) / rate + timeout
     while (sent < len(orders) or pending) and time.perf_counter() < deadline:
         if sent < len(orders) and time.perf_counter() >= started + sent / rate:
             key, value = orders[sent]
-            partition = partition_for(key, topic.partitions, topic.key_format, app.kafka.partitioner)
-            pending[key] = (partition, time.perf_counter())
-            producer.produce(topic.name, key=key.encode(), value=value, on_delivery=on_delivery)
+            pending[key] = time.perf_counter()
+            producer.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery)
             sent += 1
         producer.poll(0)
-        for key, (partition, sent_at) in list(pending.items()):
-            if views[partition].get(key) is not None:
-                latencies.append((time.perf_counter() - sent_at) * 1000)
-                del pending[key]
+        if pending:
+            seen = visible(list(pending))
+            now = time.perf_counter()
+            for key in seen:
+                latencies.append((now - pending.pop(key)) * 1000)
         time.sleep(0.005)  # a 5 ms poll: resolution enough, and it leaves the 2 cores to Spark
     producer.flush(10)
     if errors or pending:

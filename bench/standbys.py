@@ -38,13 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # Run as a script, bench/ comes first on sys.path; put the repository ahead of it.
 sys.path.insert(0, str(ROOT))
 
-from confluent_kafka import Producer  # noqa: E402
-
 from bench.cluster import FIELD as COUNT_FIELD  # noqa: E402
 from bench.cluster import GET_MANY, Client, produce_orders, stop_nodes  # noqa: E402
-from bench.ingest import _proc_stat, latency_events, percentile  # noqa: E402
+from bench.ingest import _proc_stat, latency_events, percentile, visible_after_produce  # noqa: E402
 from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
-from iqgraph.streaming.broker import JAVA_PARTITIONER  # noqa: E402
 from tests.support.nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
 
 PARTITIONS = 6
@@ -89,31 +86,17 @@ def visible_ms(
     client: Client, url: str, bootstrap: str, topic: str, events: int, rate: float, seconds: float
 ) -> list[float]:
     """Produce an order a key at rate per second for seconds; return ms from produce() until url answers its count."""
+
+    def visible(keys: list[str]) -> list[str]:
+        answer: Any = client.graphql(url, GET_MANY, {"k": keys})
+        if answer.get("errors"):
+            return []
+        return [k for k, count in zip(keys, answer["data"][COUNT_FIELD]["getMany"], strict=True) if count is not None]
+
     orders = latency_events(events, max(int(rate * seconds), 1))
-    producer = Producer({**JAVA_PARTITIONER, "linger.ms": 0, "bootstrap.servers": bootstrap})  # sent at once
-    pending: dict[str, float] = {}
-    found: list[float] = []
-    started = time.perf_counter()
-    sent, deadline = 0, started + seconds + 30
-    while (sent < len(orders) or pending) and time.perf_counter() < deadline:
-        if sent < len(orders) and time.perf_counter() >= started + sent / rate:
-            key, value = orders[sent]
-            pending[key] = time.perf_counter()
-            producer.produce(topic, key=key.encode(), value=value)
-            sent += 1
-        producer.poll(0)
-        if pending:
-            keys = list(pending)
-            answer: Any = client.graphql(url, GET_MANY, {"k": keys})
-            if not answer.get("errors"):
-                now = time.perf_counter()
-                for key, count in zip(keys, answer["data"][COUNT_FIELD]["getMany"], strict=True):
-                    if count is not None:
-                        found.append((now - pending.pop(key)) * 1000)
-        time.sleep(0.005)  # a 5 ms poll, as bench/ingest.py's
-    producer.flush(10)
-    if pending:
-        raise TimeoutError(f"{len(pending)} of {len(orders)} light-load orders never became visible")
+    found = visible_after_produce(bootstrap, topic, orders, rate, visible)
+    if len(found) < len(orders):
+        raise TimeoutError(f"{len(orders) - len(found)} of {len(orders)} light-load orders never became visible")
     return found
 
 
