@@ -134,3 +134,21 @@ def test_a_watch_and_a_read_fail_over_on_the_same_codes(code: str) -> None:
     failover = Failover(Cluster(), TOPIC, None, FAST)
     assert failover.failed("a", [0], PeerError("x", code, {})) is None
     assert failover.failed("a", [0], PeerError("x", "FORBIDDEN", {})) is not None
+
+
+def test_a_read_this_node_serves_whole_is_one_ask_without_a_plan_and_a_failed_one_goes_on_to_the_rounds() -> None:
+    class Counting(Cluster):
+        plans = 0
+
+        def plan(self, *args: Any) -> routing.Plan:
+            self.plans += 1
+            return super().plan(*args)
+
+    served = Counting({"a": ReplicaState("RUNNING", 0)})
+    found, asked = _run(served, {"a": "v"})
+    assert found == {0: "a:v", 1: "a:v"} and asked == ["a"] and served.plans == 0  # both items in one ask
+
+    failing = Counting({"a": ReplicaState("RUNNING", 0), "b": ReplicaState("RUNNING", 0)})
+    found, asked = _run(failing, {"a": PeerUnavailableError("gone"), "b": "v"}, bound=10)
+    assert found == {0: "b:v", 1: "b:v"} and asked == ["a", "b"]  # a is asked once, its failure counts
+    assert set(failing.down) == {"a"} and failing.plans == 1  # then one plan, without a
