@@ -114,10 +114,37 @@ def keys_partitions(
         serialized = [key.encode() for key in keys]  # type: ignore[union-attr] # every key is a checked str
     else:
         serialized = [serialize_key(keys[i], key_format) for i in routed]
-    candidates = candidates_many(serialized, partitions, detected)
+    candidates = _candidates(serialized, partitions, detected)
     for i, where in zip(routed, candidates, strict=True):
         found[i] = _mismatch(topic, detected) if where is None else where
     return found
+
+
+#: The candidate partitions of the keys read lately, by (serialized key, partitions, detection): a node is asked for
+#: the same keys again and again, and a key's hashes (murmur2 in Python) cost more than its RocksDB read. Cleared
+#: whole when it would pass ROUTED_KEYS entries; a new detection or partition count makes keys of their own.
+_ROUTED: dict[tuple[bytes, int, str], tuple[int, ...] | None] = {}
+ROUTED_KEYS = 65_536
+
+
+def _candidates(keys: list[bytes], partitions: int, detected: str) -> list[tuple[int, ...] | None]:
+    """Return ``candidates_many`` of keys, hashing only those not routed lately."""
+    found = [_ROUTED.get((key, partitions, detected), _UNSEEN) for key in keys]
+    unseen = [i for i, where in enumerate(found) if where is _UNSEEN]
+    if not unseen:
+        return found  # type: ignore[return-value] # every entry was found
+    hashed = candidates_many([keys[i] for i in unseen], partitions, detected)
+    if len(_ROUTED) + len(unseen) > ROUTED_KEYS:
+        _ROUTED.clear()
+    keep = len(unseen) <= ROUTED_KEYS
+    for i, where in zip(unseen, hashed, strict=True):
+        found[i] = where
+        if keep:
+            _ROUTED[keys[i], partitions, detected] = where
+    return found  # type: ignore[return-value] # every entry is hashed now
+
+
+_UNSEEN = object()
 
 
 def _checked(keys: Sequence[Key], key_type: KeyType) -> tuple[list[Routed], list[int]]:

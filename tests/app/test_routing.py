@@ -189,3 +189,30 @@ def test_an_empty_or_mistyped_key_is_invalid() -> None:
         key_partitions("", "string", "string", TOPIC, 6, True, "murmur2")
     with pytest.raises(InvalidKeyError):
         key_partitions("12", "int", "long", TOPIC, 6, True, "murmur2")
+
+
+def test_a_key_routed_lately_is_not_hashed_again_and_its_partitions_stay_those_of_its_detection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from iqgraph.app.query import routing
+
+    hashed: list[bytes] = []
+    real = routing.candidates_many
+
+    def counting(keys: list[bytes], partitions: int, detected: str) -> list[tuple[int, ...] | None]:
+        hashed.extend(keys)
+        return real(keys, partitions, detected)
+
+    monkeypatch.setattr(routing, "candidates_many", counting)
+    monkeypatch.setattr(routing, "_ROUTED", {})
+    key = "routed-lately-7"
+    first = keys_partitions([key, "other-3"], "string", "string", "t", 6, True, "murmur2")
+    again = keys_partitions([key], "string", "string", "t", 6, True, "murmur2")
+    assert again == [first[0]] == [(murmur2_partition(key.encode(), 6),)]
+    assert hashed == [key.encode(), b"other-3"]  # the second read hashed nothing
+    both = keys_partitions([key], "string", "string", "t", 6, True, "unknown")  # a detection of its own
+    assert both[0] == tuple(dict.fromkeys((murmur2_partition(key.encode(), 6), crc32_partition(key.encode(), 6))))
+    assert hashed[-1] == key.encode() and len(hashed) == 3
+    monkeypatch.setattr(routing, "ROUTED_KEYS", 2)  # full: cleared, never past its bound
+    keys_partitions(["x-1", "x-2"], "string", "string", "t", 6, True, "murmur2")
+    assert len(routing._ROUTED) <= 2
