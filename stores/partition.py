@@ -116,6 +116,9 @@ class PartitionDB:
         self.repartitioned: tuple[int, int] | None = None
         #: Wall-clock time (time.time()) of the last batch written, or of the opening: how fresh the data is.
         self.applied_at = time.time()
+        #: Bumped after every write of the next offset; next_offset() remembers (version, offset) of one version.
+        self._version = 0
+        self._next: tuple[int, int] | None = None
         try:
             self._count_uncounted_stores()
         except BaseException:
@@ -236,6 +239,7 @@ class PartitionDB:
             if self.next_offset() != 0:
                 raise OffsetError(f"{self.topic}-{self.partition} has applied records; it cannot move its start")
             self.family(META_CF)[NEXT_OFFSET_KEY] = encode_int64(offset)
+            self._version += 1
 
     def check_queryable(self) -> None:
         """Raise StoreNotReadyError unless the partition answers queries."""
@@ -277,9 +281,19 @@ class PartitionDB:
             self.rdict.write(batch)
 
     def next_offset(self) -> int:
-        """Return the offset of the first record not yet applied (0 for a new partition)."""
+        """Return the offset of the first record not yet applied (0 for a new partition).
+
+        Read from RocksDB once per write of it (every read of a query asks): kept with the version it was read at,
+        and kept only if no write bumped the version while it was read.
+        """
+        version, known = self._version, self._next
+        if known is not None and known[0] == version:
+            return known[1]
         raw = self.meta(NEXT_OFFSET_KEY)
-        return 0 if raw is None else decode_int64(raw)
+        found = 0 if raw is None else decode_int64(raw)
+        if self._version == version:
+            self._next = (version, found)
+        return found
 
     def begin(self, start_offset: int, end_offset: int) -> PartitionTransaction | None:
         """Start applying records [start_offset, end_offset); None if they are applied already.
@@ -307,6 +321,7 @@ class PartitionDB:
             if self.next_offset() != start_offset:
                 raise OffsetError(f"{self.topic}-{self.partition}: another batch was applied since this one began")
             self.rdict.write(batch)
+            self._version += 1
             self.applied_at = time.time()
 
     def close(self) -> None:
@@ -316,6 +331,7 @@ class PartitionDB:
         self._families.clear()
         self._handles.clear()
         db, self._db = self._db, None
+        self._version += 1  # a closed database's next offset is not known: next_offset() raises as any read does
         db.close()
         self.state = PartitionState.CLOSED
 

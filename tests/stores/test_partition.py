@@ -44,6 +44,23 @@ def next_offset(content: dict[str, dict[bytes, bytes]]) -> int:
 # -- offsets -------------------------------------------------------------------------------------------
 
 
+def test_the_next_offset_is_read_from_rocksdb_once_per_write_of_it(
+    partition: PartitionStores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = partition.db
+    reads: list[bytes] = []
+    meta = db.meta
+    monkeypatch.setattr(db, "meta", lambda key: reads.append(key) or meta(key))
+    assert [db.next_offset() for _ in range(3)] == [0, 0, 0] and reads == [NEXT_OFFSET_KEY]
+    tx = db.begin(0, 5)
+    assert tx is not None
+    tx.commit()
+    assert [db.next_offset() for _ in range(3)] == [5, 5, 5] and reads == [NEXT_OFFSET_KEY] * 2
+    partition.close()
+    with pytest.raises(StoreNotReadyError):  # closed: not answered from what it remembered
+        db.next_offset()
+
+
 def test_new_partition_starts_at_offset_zero(partition: PartitionStores) -> None:
     assert partition.db.next_offset() == 0
     assert partition.db.meta(NEXT_OFFSET_KEY) is None
