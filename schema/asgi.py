@@ -79,6 +79,36 @@ def _sub_response(media_type: str | None) -> Response:
     return sub_response
 
 
+#: Accept values whose media type the lean path remembers (``GraphQLApp._lean_media_type``), at most.
+_ACCEPTS_KEPT = 256
+_UNSEEN = object()
+
+
+def _accept_and_content_type(scope: Scope) -> tuple[str | None, str | None]:
+    """Return a request's first Accept and Content-Type headers (as Starlette's ``headers.get`` reads them)."""
+    accept = content_type = None
+    for name, value in scope["headers"]:
+        if name == b"accept":
+            if accept is None:
+                accept = value.decode("latin-1")
+        elif name == b"content-type" and content_type is None:
+            content_type = value.decode("latin-1")
+    return accept, content_type
+
+
+class _Answer:
+    """An HTTP response as ASGI sends it: status, raw headers, one body."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
 def init_credentials(payload: Mapping[str, Any] | None) -> dict[str, str]:
     """Return the credentials of a connection_init payload as headers by lower-case name (keys of any case)."""
     found: dict[str, str] = {}
@@ -169,6 +199,7 @@ class GraphQLApp(GraphQL[Context, None]):
         self._anonymous = NOBODY if require_principal else ANONYMOUS
         #: documents requests may name by their hash: trusted ones, and APQ's (schema.persisted)
         self.documents = documents or PersistedDocuments()
+        self._accepts: dict[str | None, str | None] = {}  # the lean path's media type per Accept value
 
     def principal(self, request: Any) -> Principal:
         """Return the caller of request, as the ASGI wrappers authenticated it."""
@@ -300,7 +331,7 @@ class GraphQLApp(GraphQL[Context, None]):
         """Return the JSON of a response body (``encode_json``)."""
         return encode_json(data)
 
-    async def compiled_response(self, request: Request) -> Response | None:
+    async def compiled_response(self, request: Request) -> _Answer | None:
         """Return the response of a request a compiled plan answers; None for the Strawberry path.
 
         The lean path: the same GraphQL-over-HTTP rules (schema.http_spec), the same context, the same
@@ -310,34 +341,58 @@ class GraphQLApp(GraphQL[Context, None]):
         variables no plan covers — gets None, and the Strawberry view serves it.
         """
         schema = self.schema
+        method = request.scope["method"]
+        if method not in ("GET", "POST"):
+            return None
         if not isinstance(schema, IqGraphSchema) or (schema.compiled is None and self._local is None):
             return None
-        media_type = http_spec.negotiate(request.headers.get("accept"))
-        if media_type is None or request.method not in ("GET", "POST") or self.streams(request.headers):
+        accept, content_type = _accept_and_content_type(request.scope)
+        media_type = self._lean_media_type(accept)
+        if media_type is None:
             return None
         try:
-            if request.method == "GET":
+            if method == "GET":
                 if self.should_render_graphql_ide(StarletteRequestAdapter(request)):
                     return None
                 data = http_spec.graphql_request(self.documents.resolve(http_spec.query_params(request.query_params)))
             else:
-                http_spec.check_content_type(request.headers.get("content-type"))
+                http_spec.check_content_type(content_type)
                 data = http_spec.graphql_request(self.documents.resolve(http_spec.decode_body(await request.body())))
         except HTTPException:
             return None
         tracing.operation(data.query, data.operation_name)
-        sub_response = _sub_response(media_type)  # what get_sub_response gives for a media type Accept chose
         result = self._forwarded_lookups(request, data, schema.request_metrics)
         if result is None:
             if schema.compiled is None:
                 return None
-            context = await self.get_context(request, sub_response)
+            context = await self.get_context(request, None)  # no resolver of a plan sets a header or a status
             result = await schema.execute_compiled(
                 data.query, data.variables, context, data.operation_name, data.extensions
             )
         if result is None:
             return None
-        return self.create_response(await self.process_result(request, result), sub_response)
+        return self._lean_response(await self.process_result(request, result), media_type)
+
+    def _lean_media_type(self, accept: str | None) -> str | None:
+        """Return the media type the lean path answers a request's Accept with; None when it does not answer it (an
+        Accept of nothing served, or one asking for an event stream): what ``get_sub_response`` and ``streams``
+        decide, remembered per Accept value (a client sends the same one with every request)."""
+        found = self._accepts.get(accept, _UNSEEN)
+        if found is _UNSEEN:
+            media_type = http_spec.negotiate(accept)
+            found = None if media_type is None or self.streams({"accept": accept or ""}) else media_type
+            if len(self._accepts) >= _ACCEPTS_KEPT:
+                self._accepts.clear()
+            self._accepts[accept] = found
+        return found  # type: ignore[return-value] # a media type or None
+
+    def _lean_response(self, response_data: GraphQLHTTPResponse, media_type: str) -> _Answer:
+        """Return the HTTP response of a GraphQL response on the lean path: what ``create_response`` makes of it with
+        the sub-response of a media type (no header of its own, no status), as raw ASGI messages."""
+        status = http_spec.response_status(response_data, media_type)
+        body = self.encode_json(response_data)
+        content_type = http_spec.content_type(media_type, status).encode("latin-1")
+        return _Answer(status, [(b"content-length", str(len(body)).encode()), (b"content-type", content_type)], body)
 
     async def execute_document(
         self, request: Request, query: str, variables: dict[str, Any], extensions: dict[str, Any] | None = None
@@ -385,7 +440,7 @@ class GraphQLApp(GraphQL[Context, None]):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        response: Response | None
+        response: Response | _Answer | None
         request = Request(scope=scope, receive=receive)
         try:
             response = await self.compiled_response(request) if self.compiled else None
