@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -156,19 +156,16 @@ class LocalPartitions:
         """Return each read's state combined over its partitions (an exception in place of a failed one)."""
         definition = definition_of(self.app, store)
         results: list[Any] = [None] * len(reads)
-        by_partitions: dict[tuple[int, ...], list[int]] = defaultdict(list)
-        last: Sequence[int] | None = None
-        bucket: list[int] = []
-        for i, (_, partitions) in enumerate(reads):
-            if partitions != last:  # a caller's reads of one batch come in a row, with the same partitions
-                bucket, last = by_partitions[tuple(sorted(partitions))], partitions
-            bucket.append(i)
-        combine = combiner(definition)
         positions: dict[int, int] = {}
         lags: dict[int, int] = {}
-        for partitions, indexes in by_partitions.items():
+        combine: Callable[[Any, Any], Any] | None = None  # made when a read needs several partitions
+        for partitions, indexes in _by_partitions(reads):
             stores, read_at, lagging = self.positions(definition, partitions)
-            failed = next((e for e in stores.values() if isinstance(e, StoreError)), None)
+            failed = None
+            for found in stores.values():
+                if isinstance(found, StoreError):
+                    failed = found
+                    break
             if failed is not None:
                 for i in indexes:
                     results[i] = failed
@@ -179,7 +176,11 @@ class LocalPartitions:
             merged: list[Any] | None = None
             for p in partitions:
                 values = self._read(cast("PartitionStores", stores[p]), definition, requests)
-                merged = values if merged is None else [combine(a, b) for a, b in zip(merged, values, strict=True)]
+                if merged is None:
+                    merged = values
+                    continue
+                combine = combine or combiner(definition)
+                merged = [combine(a, b) for a, b in zip(merged, values, strict=True)]
             for i, value in zip(indexes, merged or [None] * len(indexes), strict=True):
                 results[i] = value
         return Answer(results, positions, lags)
@@ -280,3 +281,19 @@ class LocalPartitions:
     ) -> Answer[list[Any]]:
         """Return an owner-side field's value per (key, partitions), run on this node for caller."""
         return await self.owner_fields.call(field, calls, caller)
+
+
+def _by_partitions(reads: Sequence[Read]) -> Iterable[tuple[tuple[int, ...], list[int]]]:
+    """Return the indexes of reads grouped by the partitions they read (sorted): a caller's reads of one batch come
+    in a row, with the same partitions, and a point read or a batch of one partition is one group at once."""
+    first = reads[0][1] if reads else ()
+    if all(partitions == first for _, partitions in reads):
+        return [(tuple(sorted(first)), list(range(len(reads))))] if reads else []
+    groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    last: Sequence[int] | None = None
+    bucket: list[int] = []
+    for i, (_, partitions) in enumerate(reads):
+        if partitions != last:
+            bucket, last = groups[tuple(sorted(partitions))], partitions
+        bucket.append(i)
+    return list(groups.items())
