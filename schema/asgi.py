@@ -56,7 +56,7 @@ from iqgraph.schema.wire import encode_json
 
 if TYPE_CHECKING:
     import strawberry
-    from starlette.types import Receive, Scope, Send
+    from starlette.types import Message, Receive, Scope, Send
 
     from iqgraph.schema.compiled import RequestMetrics
     from iqgraph.schema.types import LiveQueries, PeerQueries, StoreQueries
@@ -107,6 +107,43 @@ class _Answer:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
         await send({"type": "http.response.body", "body": self.body})
+
+
+class _ReadBody:
+    """A request's receive whose body was read whole: it gives the body (once), then asks the request's receive."""
+
+    __slots__ = ("body", "_receive", "_given")
+
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self.body, self._receive, self._given = body, receive, False
+
+    @classmethod
+    async def of(cls, receive: Receive) -> Receive:
+        """Return receive with the request's body read (a body in several messages, or none: receive as it is)."""
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            return cls(message.get("body", b""), receive)
+        return _Replay(message, receive)
+
+    async def __call__(self) -> Message:
+        if self._given:
+            return await self._receive()
+        self._given = True
+        return {"type": "http.request", "body": self.body, "more_body": False}
+
+
+class _Replay:
+    """A request's receive whose first message was taken: it gives it again, then asks the request's receive."""
+
+    __slots__ = ("_first", "_receive")
+
+    def __init__(self, first: Message, receive: Receive) -> None:
+        self._first: Message | None = first
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        first, self._first = self._first, None
+        return first if first is not None else await self._receive()
 
 
 def init_credentials(payload: Mapping[str, Any] | None) -> dict[str, str]:
@@ -357,7 +394,8 @@ class GraphQLApp(GraphQL[Context, None]):
                 data = http_spec.graphql_request(self.documents.resolve(http_spec.query_params(request.query_params)))
             else:
                 http_spec.check_content_type(content_type)
-                data = http_spec.graphql_request(self.documents.resolve(http_spec.decode_body(await request.body())))
+                body = request.receive.body if isinstance(request.receive, _ReadBody) else await request.body()
+                data = http_spec.graphql_request(self.documents.resolve(http_spec.decode_body(body)))
         except HTTPException:
             return None
         tracing.operation(data.query, data.operation_name)
@@ -441,6 +479,8 @@ class GraphQLApp(GraphQL[Context, None]):
             await super().__call__(scope, receive, send)
             return
         response: Response | _Answer | None
+        if scope["method"] == "POST":  # its body, read here in one message (the guard's), given again to the view
+            receive = await _ReadBody.of(receive)
         request = Request(scope=scope, receive=receive)
         try:
             response = await self.compiled_response(request) if self.compiled else None

@@ -358,3 +358,16 @@ def test_a_body_that_is_not_json_is_a_400(body: bytes) -> None:
     with pytest.raises(RequestError) as raised:
         decode_body(body)
     assert raised.value.status_code == 400
+
+
+async def test_a_body_in_several_messages_is_read_whole_on_both_paths(http: httpx.AsyncClient) -> None:
+    """The view reads a body given in one message once (schema.asgi._ReadBody); one in several is read as it comes."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for part in (b'{"query": "{ orderCount ', b'{ get(key: \\"alice\\") } }"', b"}"):
+            yield part
+
+    split = await http.post("/graphql", content=chunks(), headers={"content-type": "application/json"})
+    whole = await post(http, {"query": '{ orderCount { get(key: "alice") } }'})
+    assert split.status_code == whole.status_code == 200 and split.json() == whole.json()
+    assert "errors" not in whole.json()
