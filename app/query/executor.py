@@ -15,7 +15,8 @@ Reads (``app.query.store_queries``), owner-side calls (``app.owner.calls``) and 
                                                 until the next round when it ``waits``), or ends the item;
                                                 an unreachable peer is marked down; STORE_MIGRATED refreshes
                                                 the map (once per round)
-    execute(): rounds of plan → ask → record until every item is answered or the deadline passes; the
+    execute(): one ask of this node when it serves every partition (``_all_here``), else (and for what that ask
+    left) rounds of plan → ask → record until every item is answered or the deadline passes; the
     coded errors it ends with carry the same extensions wherever they come from (``refusal_error``,
     ``unavailable``).
 
@@ -462,12 +463,11 @@ def _all_here(failover: Failover, needs: Mapping[int, Sequence[int]]) -> routing
     excluded yet), else None: then one ask answers every item, as the first round's plan would have made it."""
     here = failover.replicas.node_id
     server: routing.Server | None = None
-    for partitions in needs.values():
-        for p in partitions:
-            chosen = failover.replicas.choose(failover.topic, p, failover.bound, ())
-            if not isinstance(chosen, routing.Server) or chosen.node != here or chosen.stale:
-                return None
-            server = chosen
+    for p in {p for partitions in needs.values() for p in partitions}:  # each partition once, as ``plan`` asks
+        chosen = failover.replicas.choose(failover.topic, p, failover.bound, ())
+        if not isinstance(chosen, routing.Server) or chosen.node != here or chosen.stale:
+            return None
+        server = chosen
     return server
 
 
