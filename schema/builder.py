@@ -206,7 +206,7 @@ class IqGraphSchema(strawberry.Schema):
     def trust(self, documents: PersistedDocuments) -> None:
         """Validate the trusted documents against this schema, with its limits (ManifestError naming one that
         does not validate), and compile their plans once, kept for the schema's life."""
-        rules = self.compiled.rules if self.compiled is not None else specified_rules
+        rules = self.compiled.checks.validation_rules if self.compiled is not None else specified_rules
         documents.check(lambda document: self._errors_of(document, rules), self._pin)
 
     def _errors_of(self, document: str, rules: Any) -> list[str]:
@@ -408,7 +408,7 @@ def build_schema(
         schema = IqGraphSchema(query=query, subscription=subscription, extensions=installed, config=config)
     if compiled and not extensions:  # another extension would not see compiled requests
         roots = {*store_fields, *METADATA_FIELDS, *(f.name for f in entity_fields)}
-        schema.compiled = CompiledQueries(schema._schema, roots, checks.rules, cache_size, settled.max_tokens)
+        schema.compiled = CompiledQueries(schema._schema, roots, checks, cache_size)
         schema.request_metrics = None if metrics is None else RequestMetrics(metrics, store_fields, frozenset(plans))
     return schema
 

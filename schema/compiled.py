@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from types import GeneratorType
 from typing import TYPE_CHECKING, Any
@@ -49,9 +49,6 @@ from graphql import (
     OperationType,
     get_named_type,
     located_error,
-    parse,
-    specified_rules,
-    validate,
 )
 from graphql.error import GraphQLSyntaxError
 from graphql.execution.values import VariableValues, get_argument_values, get_variable_values
@@ -61,13 +58,11 @@ from strawberry.schema.schema_converter import GraphQLCoreConverter
 from strawberry.types import ExecutionResult
 
 from iqgraph.schema.errors import log_errors, with_codes
-from iqgraph.schema.limits import DocumentCache, bounded
+from iqgraph.schema.limits import DocumentCache, DocumentChecks
 from iqgraph.schema.metrics import request_labels
 from iqgraph.schema.reports import apply_request_options, partial_errors
 
 if TYPE_CHECKING:
-    from graphql import ASTValidationRule
-
     from iqgraph.schema.context import Context
     from iqgraph.schema.metrics import GraphQLMetrics
 
@@ -573,23 +568,17 @@ class CompiledQueries:
     """Plans of recent documents (schema.limits.DocumentCache): the compiled plan, or None where graphql-core must run.
 
     roots: the root fields a plan may select (the store fields and the metadata fields; never the
-    internal fields, which answer peers). A document is parsed within max_tokens and validated with the
-    schema's rules (schema.limits): one that breaks a limit gets no plan, and the Strawberry path refuses
-    it. A document too long to cache gets no plan either: it runs on graphql-core, parsed once.
+    internal fields, which answer peers). A document is parsed and validated by the schema's
+    ``DocumentChecks`` (schema.limits: within max_tokens, with the schema's rules), in the caches the
+    Strawberry path reads: a document that gets no plan is not parsed or validated again there. One that
+    breaks a limit gets no plan, and the Strawberry path refuses it. A document too long to cache gets no
+    plan either: it runs on graphql-core, parsed once.
     """
 
-    def __init__(
-        self,
-        schema: GraphQLSchema,
-        roots: Collection[str],
-        rules: Sequence[type[ASTValidationRule]],
-        maxsize: int,
-        max_tokens: int | None = None,
-    ) -> None:
+    def __init__(self, schema: GraphQLSchema, roots: Collection[str], checks: DocumentChecks, maxsize: int) -> None:
         self.schema = schema
         self.roots = frozenset(roots)
-        self.rules = [*bounded(specified_rules), *rules]
-        self.max_tokens = max_tokens
+        self.checks = checks
         self._plans: DocumentCache[CompiledQuery | None] = DocumentCache(maxsize)
         self._pinned: dict[tuple[str, str | None], CompiledQuery | None] = {}  # trusted documents' (pin)
 
@@ -610,10 +599,10 @@ class CompiledQueries:
 
     def _compile(self, query: str, operation_name: str | None) -> CompiledQuery | None:
         try:
-            document = parse(query, max_tokens=self.max_tokens)
+            document = self.checks.parse(query)
         except GraphQLSyntaxError:
             return None
-        if validate(self.schema, document, self.rules):
+        if self.checks.validate(self.schema, query, document):
             return None
         operation = get_operation_ast(document, operation_name)
         if operation is None or operation.operation is not OperationType.QUERY or operation.directives:

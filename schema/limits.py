@@ -34,12 +34,14 @@ from graphql import (
     FragmentDefinitionNode,
     FragmentSpreadNode,
     GraphQLError,
+    GraphQLSchema,
     InlineFragmentNode,
     OverlappingFieldsCanBeMergedRule,
     SelectionSetNode,
     ValidationContext,
     ValidationRule,
     parse,
+    specified_rules,
 )
 from strawberry.extensions import ParserCache, ValidationCache
 from strawberry.schema.schema import validate_document
@@ -267,12 +269,32 @@ class DocumentChecks:
     def __init__(self, limits: Limits, entries: int, rules: Collection[type[ASTValidationRule]] = ()) -> None:
         self.max_tokens = limits.max_tokens
         self.rules: tuple[type[ASTValidationRule], ...] = (*limits.validation_rules(), *rules)  # made once
+        #: what a request's document is validated with when no other extension adds rules: graphql-core's
+        #: (the merging one bounded), then these (the Strawberry path's ``context.validation_rules``)
+        self.validation_rules: tuple[type[ASTValidationRule], ...] = (*bounded(specified_rules), *self.rules)
         self.parsed: DocumentCache[DocumentNode] = DocumentCache(entries)
         self.validated: DocumentCache[list[GraphQLError]] = DocumentCache(entries)
 
-    def parse(self, query: str, options: Mapping[str, Any]) -> DocumentNode:
+    def parse(self, query: str, options: Mapping[str, Any] | None = None) -> DocumentNode:
         """Return the document of query, parsed up to max_tokens (GraphQLSyntaxError past them)."""
-        return self.parsed.get(query, len(query), lambda: parse(query, **{**options, "max_tokens": self.max_tokens}))
+        return self.parsed.get(
+            query, len(query), lambda: parse(query, **{**(options or {}), "max_tokens": self.max_tokens})
+        )
+
+    def validate(
+        self,
+        schema: GraphQLSchema,
+        query: str,
+        document: DocumentNode,
+        rules: tuple[type[ASTValidationRule], ...] | None = None,
+    ) -> list[GraphQLError]:
+        """Return the validation errors of query's document (rules: validation_rules), as Strawberry validates it.
+
+        Cached by the text alone: a schema's rules are the same for every request, so the compiled plans
+        (schema.compiled) and the Strawberry path share one validation of each document, as they share its parse.
+        """
+        chosen = self.validation_rules if rules is None else rules
+        return self.validated.get(query, len(query), lambda: validate_document(schema, document, chosen))
 
     def extensions(self) -> list[Callable[[], Any]]:
         """Return the factories of the extensions parsing and validating each request's document."""
@@ -306,15 +328,13 @@ class _CheckedValidation(ValidationCache):
     """
 
     def __init__(self, checks: DocumentChecks) -> None:
-        self.validated = checks.validated
+        self.checks = checks
         self.cached_validate_document = checks.validated  # type: ignore[assignment]
 
     def on_validate(self) -> Iterator[None]:
         context = self.execution_context
-        query, document, rules = context.query or "", context.graphql_document, context.validation_rules
+        query, document = context.query or "", context.graphql_document
         if document is not None:
-            schema = context.schema._schema
-            context.pre_execution_errors = self.validated.get(
-                query, len(query), lambda: validate_document(schema, document, rules)
-            )
+            rules = tuple(context.validation_rules)
+            context.pre_execution_errors = self.checks.validate(context.schema._schema, query, document, rules)
         yield

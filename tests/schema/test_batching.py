@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+from collections import Counter
 from typing import Any
+
+import pytest
+from graphql import ValidationContext
+from graphql.language.parser import Parser
 
 from iqgraph.schema import context_getter
 from tests.schema.conftest import Api
@@ -69,6 +75,39 @@ async def test_a_document_is_compiled_once_and_its_plan_cached(shop: Api) -> Non
     await shop.data(query)
     plan = compiled.plan(query, None)
     assert plan is not None and compiled.plan(query, None) is plan
+
+
+async def test_a_document_no_plan_covers_is_parsed_and_validated_once_where_it_runs(
+    shop: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled plans and the Strawberry path share the schema's parse and validation of a document: one that
+    gets no plan (a fragment, an unknown field, introspection) is not parsed or validated again where it then
+    runs — a new document, a client's bad one too, costs one parse and one validation."""
+    counted: Counter[str] = Counter()
+    parse_document = Parser.parse_document
+
+    def counting_parse(parser: Parser) -> Any:
+        counted["parse"] += 1
+        return parse_document(parser)
+
+    class CountingContext(ValidationContext):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            counted["validate"] += 1
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(Parser, "parse_document", counting_parse)
+    monkeypatch.setattr(importlib.import_module("graphql.validation.validate"), "ValidationContext", CountingContext)
+    for query in (
+        '{ orderCount { ...Read } } fragment Read on OrderCountStore { get(key: "once-check") }',
+        '{ orderCount { nope(key: "once-check") } }',
+        "{ __schema { queryType { name } } }",
+    ):
+        counted.clear()
+        result = await shop.execute(shop.schema, query)
+        assert shop.schema.compiled.plan(query, None) is None, query  # type: ignore[attr-defined]
+        assert counted == {"parse": 1, "validate": 1}, (query, result)
+        await shop.execute(shop.schema, query)
+        assert counted == {"parse": 1, "validate": 1}, query  # and kept for the next request
 
 
 def _in_one_step(api: Api, query: str) -> Any:
