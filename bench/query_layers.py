@@ -15,6 +15,11 @@ Three documents: a point lookup, a getMany of 1,000 existing keys (as a variable
 over five stores. The graphql-core figures use the same node with the document run through the Strawberry
 path (the schema built with ``compiled=False``, the app with ``compiled=False``).
 
+Then documents at first sight: each request sends a text the node has not seen (the same document with a
+numbered comment), so nothing is cached: a point lookup (it gets a plan), a bad one (an unknown field: no plan,
+refused by validation) and a bad one of 2,600 tokens (the shape of tests/app/test_bad_input's flood). The
+whole request is timed, through the ASGI app.
+
 Usage: ``.venv/bin/python bench/query_layers.py [--seconds S]``; prints a table and, last, one JSON line.
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import tempfile
@@ -56,6 +62,11 @@ DOCUMENTS = {
     "point": (POINT, None, ["customer-0001"]),
     "getMany 1,000": (MANY, {"k": KEYS}, KEYS),
     "dashboard": (DASHBOARD, {"k": KEYS[:20]}, KEYS[:20]),
+}
+NEW_DOCUMENTS = {
+    "point": POINT,
+    "bad": '{ orderCount { nope(key: "customer-0001") } }',
+    "bad, 2,600 tokens": "{ orderCount { " + "count " * 2_600 + "} }",
 }
 
 
@@ -134,6 +145,8 @@ def measure(seconds: float) -> dict[str, dict[str, dict[str, float]]]:
                     reads = [((k, None, None), store_key_partitions(app_def, store, k, "murmur2")) for k in keys]
                     timed = _layers(schema, app, get_context, queries, document, variables, keys, reads, seconds)
                     found.setdefault(name, {})[mode] = timed
+                for name, document in NEW_DOCUMENTS.items():
+                    found.setdefault(f"new {name}", {})[mode] = {"request": _first_sight(app, document, seconds)}
             return found
         finally:
             close_hosted(hosted)
@@ -179,10 +192,24 @@ def _layers(
     }
 
 
+def _first_sight(app: Any, document: str, seconds: float) -> float:
+    """Return µs per request of document sent each time as a text the app has not seen (a numbered comment)."""
+    numbers = itertools.count()
+
+    async def request() -> bytes:
+        return await asgi_call(app, orjson.dumps({"query": f"{document} # {next(numbers)}"}))()
+
+    return per_call_us(request, seconds)
+
+
 def report(found: dict[str, dict[str, dict[str, float]]], seconds: float) -> None:
     """Print each document's layers, compiled beside graphql-core, and the JSON summary."""
     print(f"\nquery layers: CPU µs per request, in process, {seconds:g} s per figure (shop, 3 partitions)")
     for name, modes in found.items():
+        if set(modes["compiled"]) == {"request"}:  # a document at first sight: the whole request only
+            print(f"\n{name} document at first sight, whole request: compiled path {modes['compiled']['request']:,.0f}"
+                  f", graphql-core {modes['graphql-core']['request']:,.0f}")  # fmt: skip
+            continue
         print(f"\n{name}")
         print(f"  {'layer':<10}{'compiled':>12}{'graphql-core':>14}")
         for layer in ("rocksdb", "routing", "execute", "json", "http", "request"):
