@@ -9,9 +9,9 @@ amount requested, but for a document over ``max_tokens``: its parser stops there
 Where each applies, on the compiled (lean) path and the Strawberry path alike:
 
 - tokens, aliases, depth: ``DocumentChecks`` parses (``parse(max_tokens=…)``) and validates (with
-  ``validation_rules``) every document of the Strawberry path; the compiled plans (schema.compiled) parse
-  with the same token limit and validate with the same rules, and a document that breaks one gets no plan,
-  so Strawberry refuses it with the same error;
+  ``validation_rules``) every document, once: the compiled plans (schema.compiled) ask it first, and the
+  Strawberry path finds their parse and validation in its caches; a document that breaks a limit gets no
+  plan, so Strawberry refuses it with the same error;
 - keys and pages: the fields' resolvers (``check_keys``, ``page_size``), on both paths;
 - body bytes, header bytes, the deadline: the node's ASGI guard (app.request_guard), before either path.
 
