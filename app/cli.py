@@ -110,6 +110,14 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
         "(retention); without it the partition answers DATA_LOST",
     )
     parser.add_argument(
+        "--no-changelog",
+        dest="changelog",
+        action="store_false",
+        default=None,
+        help="keep no changelog topics: a copy rebuilds its stores by replaying the input topics (what they still "
+        "hold), and standbys run the pipeline",
+    )
+    parser.add_argument(
         "--create-topics",
         action="store_true",
         default=None,

@@ -30,7 +30,7 @@ from iqgraph.app.cluster.membership import (
 from iqgraph.app.cluster.peers import PeerClient
 from iqgraph.app.cluster.replicas import PeerStates
 from iqgraph.app.cluster.topic_watch import TopicWatch
-from iqgraph.app.cluster.topics import TopicCreationError, create_topics
+from iqgraph.app.cluster.topics import TopicCreationError, create_changelog_topics, create_topics
 from iqgraph.app.live.watch import Live
 from iqgraph.app.metrics import NodeMetrics
 from iqgraph.app.owner.calls import call_many
@@ -115,6 +115,15 @@ class Node:
         for name, partitions in created.items():
             progress(f"created topic {name} ({partitions} partitions)")
 
+    def _create_changelog_topics(self, progress: Progress) -> None:
+        """Create the app's changelog topics that Kafka does not have yet (streaming.changelog)."""
+        try:
+            created = create_changelog_topics(self._client_config(), self.app)
+        except TopicCreationError as exc:
+            raise NodeStartError(f"{exc} (Kafka at {self.bootstrap_servers}; --no-changelog keeps none)") from None
+        for name, partitions in created.items():
+            progress(f"created changelog topic {name} ({partitions} partitions, compacted)")
+
     def check_topics(self) -> dict[str, list[int]]:
         """Return every topic's partitions; raise NodeStartError if Kafka or a topic is not as declared."""
         found: dict[str, list[int]] = {}
@@ -172,6 +181,8 @@ class Node:
             self._create_topics(progress)
         progress(f"checking Kafka at {self.bootstrap_servers}")
         self.check_topics()
+        if self.settings.changelog:
+            self._create_changelog_topics(progress)
         try:
             for topic, partition in state_dir.partitions_on_disk():
                 state_dir.check_unlocked(topic, partition)
@@ -218,6 +229,7 @@ class Node:
                 self._runner_settings(),
                 observer=self.metrics.batch_applied,
                 change_feed=self.change_feed,
+                role=self._role,
             )
             self.runner.start(assignment)
         except (StoreError, ValueError) as exc:  # DefinitionError is a ValueError
@@ -422,6 +434,7 @@ class Node:
             max_records_per_batch=self.settings.max_records_per_batch,
             source=self.settings.kafka_source,
             rebuild_lost=self.settings.rebuild_lost_partitions,
+            changelog=self.settings.changelog,
         )
 
     def ready(self, info: NodeInfo | None = None) -> bool:

@@ -92,6 +92,9 @@ class Settings:
     # a partition whose unapplied records Kafka deleted (retention) is DATA_LOST (queries get the code); with this,
     # it is rebuilt from the topic's earliest offset (README: "Records Kafka deleted before a node applied them")
     rebuild_lost_partitions: bool = False
+    # every batch's state changes go, in one Kafka transaction, to the app's compacted changelog topics; copies
+    # restore from them and standbys follow them (streaming.changelog). False: copies replay the input topics
+    changelog: bool = True
     # security (docs/security.md): client authentication, per-store authorization, peers, TLS
     auth: str = "none"  # "none", or the methods clients may use: "jwt", "api-key" or "jwt,api-key"
     jwt_secret: str | None = None  # HS256's shared secret (prefer IQGRAPH_JWT_SECRET to a flag)

@@ -4,6 +4,11 @@ A pybloom-live ScalableBloomFilter per partition, kept in memory for lookups and
 partition database in the same WriteBatch as the offsets it covers, so that a restart restores it
 exactly and only records after the snapshot are replayed. Keys are hashed in their encoded form, so
 the integer 5 and the string "5" are different keys.
+
+The snapshot is stored in pages of PAGE_BYTES (``page<i>``, with its length under ``pages``), and a batch writes
+only the pages its keys changed: the changelog (``stores.changelog``) then carries a batch's changed pages, not the
+whole filter. A database written before pages holds the whole snapshot under ``snapshot``; it is read, and replaced
+by pages at the next batch.
 """
 
 from __future__ import annotations
@@ -15,13 +20,25 @@ from collections.abc import Iterable, Sequence
 
 from pybloom_live import ScalableBloomFilter
 
-from iqgraph.stores.codecs import Key, KeyCodec
+from iqgraph.stores.codecs import Key, KeyCodec, decode_int64, encode_int64
 from iqgraph.stores.distinct import BloomBits
 from iqgraph.stores.exceptions import CorruptValueError
 from iqgraph.stores.partition import PartitionDB, PartitionTransaction
 from iqgraph.stores.spec import BloomSpec, StoreKind
 
-SNAPSHOT_KEY = b"snapshot"
+SNAPSHOT_KEY = b"snapshot"  # the whole snapshot, as databases written before pages hold it
+PAGES_KEY = b"pages"  # the snapshot's length in bytes (int64): its pages are page<0>..page<n-1>
+PAGE_BYTES = 4096
+
+
+def page_key(index: int) -> bytes:
+    """Return the key of the snapshot's page index."""
+    return b"page" + index.to_bytes(4, "big")
+
+
+def pages_of(snapshot: bytes) -> list[bytes]:
+    """Return snapshot cut into pages of PAGE_BYTES (the last one shorter)."""
+    return [snapshot[i : i + PAGE_BYTES] for i in range(0, len(snapshot), PAGE_BYTES)]
 
 
 class BloomStore:
@@ -36,7 +53,9 @@ class BloomStore:
         self.name = name
         self.codec = KeyCodec(spec.key_type)
         self._filter: ScalableBloomFilter | None = None
+        self._pages: list[bytes] = []  # the snapshot's pages as stored, the filter's state at the last batch
         self._lock = threading.Lock()
+        db.on_restored(self._forget)  # the changelog wrote new pages: read them at the next use
 
     @property
     def error_rate(self) -> float:
@@ -49,8 +68,23 @@ class BloomStore:
                 self._filter = self._restore()
             return self._filter
 
+    def _stored(self) -> bytes | None:
+        """Return the stored snapshot (from its pages, or whole as older databases hold it), None if none."""
+        family = self.db.family(self.name)
+        length = family.get(PAGES_KEY)
+        if length is None:
+            whole: bytes | None = family.get(SNAPSHOT_KEY)
+            self._pages = []  # the next batch writes every page (and deletes the whole snapshot)
+            return whole
+        count = -(-decode_int64(length) // PAGE_BYTES)
+        pages: list[bytes | None] = family.get([page_key(i) for i in range(count)])  # type: ignore[assignment]
+        if any(page is None for page in pages):
+            raise CorruptValueError(f"bloom snapshot of store {self.name!r} misses pages")
+        self._pages = [page for page in pages if page is not None]
+        return b"".join(self._pages)
+
     def _restore(self) -> ScalableBloomFilter:
-        raw = self.db.family(self.name).get(SNAPSHOT_KEY)
+        raw = self._stored()
         if raw is None:
             return ScalableBloomFilter(initial_capacity=self.bloom.capacity, error_rate=self.bloom.error_rate)
         try:
@@ -100,12 +134,26 @@ class BloomStore:
                 bloom.add(key)
             snapshot = io.BytesIO()
             bloom.tofile(snapshot)
-            tx.put(self.name, SNAPSHOT_KEY, snapshot.getvalue())
+            self._write_pages(tx, snapshot.getvalue())
 
         tx.before_commit(flush)
         tx.after_abort(self._forget)
+
+    def _write_pages(self, tx: PartitionTransaction, snapshot: bytes) -> None:
+        """Write the pages of snapshot that differ from the stored ones (and its length when it changed)."""
+        old, new = self._pages, pages_of(snapshot)
+        if not old:
+            tx.delete(self.name, SNAPSHOT_KEY)
+        if sum(map(len, old)) != len(snapshot) or not old:
+            tx.put(self.name, PAGES_KEY, encode_int64(len(snapshot)))
+        for index, page in enumerate(new):
+            if index >= len(old) or old[index] != page:
+                tx.put(self.name, page_key(index), page)
+        tx.delete_many(self.name, (page_key(i) for i in range(len(new), len(old))))
+        self._pages = new  # an abort forgets them with the filter
 
     def _forget(self) -> None:
         """Drop the in-memory filter; the next use restores it from the last committed snapshot."""
         with self._lock:
             self._filter = None
+            self._pages = []

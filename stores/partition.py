@@ -119,6 +119,7 @@ class PartitionDB:
         #: Bumped after every write of the next offset; next_offset() remembers (version, offset) of one version.
         self._version = 0
         self._next: tuple[int, int] | None = None
+        self._restored_listeners: list[Callable[[], None]] = []
         try:
             self._count_uncounted_stores()
         except BaseException:
@@ -167,6 +168,10 @@ class PartitionDB:
     def _check_family(self, name: str) -> None:
         if name != META_CF and not any(name in s.column_families for s in self.specs.values()):
             self.spec(name)
+
+    def has_family(self, name: str) -> bool:
+        """Return whether name is meta or a column family of one of this database's stores."""
+        return name == META_CF or any(name in s.column_families for s in self.specs.values())
 
     def set_state(self, state: PartitionState) -> None:
         """Move the partition to state (the runner does this as it restores and serves)."""
@@ -324,6 +329,20 @@ class PartitionDB:
             self._version += 1
             self.applied_at = time.time()
 
+    def write_restored(self, batch: WriteBatch) -> None:
+        """Write batch atomically as it came from the changelog (``stores.changelog``): whole batches of another
+        writer's, whatever the next offset is now; then tell the views holding state in memory to drop it."""
+        with self._write_lock:
+            self.rdict.write(batch)
+            self._version += 1
+            self.applied_at = time.time()
+        for listener in list(self._restored_listeners):
+            listener()
+
+    def on_restored(self, listener: Callable[[], None]) -> None:
+        """Call listener after every write_restored (a view that keeps state in memory reloads it)."""
+        self._restored_listeners.append(listener)
+
     def close(self) -> None:
         """Close the database, dropping every handle so that the directory can be reopened."""
         if self._db is None:
@@ -359,6 +378,9 @@ class PartitionTransaction:
         self._before_commit: list[Hook] = []
         self._after_abort: list[Hook] = []
         self._done = False
+        #: Called with the transaction once its every write is in, before the local write (the changelog's send:
+        #: ``streaming.changelog``); what it raises aborts the transaction.
+        self.publish: Callable[[PartitionTransaction], None] | None = None
 
     def __enter__(self) -> PartitionTransaction:
         return self
@@ -393,6 +415,10 @@ class PartitionTransaction:
         for key, value in items:
             put(key, value, handle)
             pending[key] = value
+
+    def changes(self) -> dict[str, dict[bytes, bytes | None]]:
+        """Return the writes so far, per column family: key -> new value (None: deleted)."""
+        return self._pending
 
     def delete(self, family: str, key: bytes) -> None:
         """Delete key from family when the transaction commits."""
@@ -431,6 +457,8 @@ class PartitionTransaction:
                 hook()
             self.put(META_CF, NEXT_OFFSET_KEY, encode_int64(self.end_offset))
             self.put(META_CF, COMMITTED_AT_KEY, encode_int64(int(time.time() * 1000)))
+            if self.publish is not None:
+                self.publish(self)
             self.db.write(self._batch, self.start_offset)
         except BaseException:
             self.abort()

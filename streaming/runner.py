@@ -10,6 +10,14 @@ with the session, ``streaming.session``), reading exactly the owned partitions (
 stores' offsets, committed records only (``read_committed``); ``source="iqkafka"`` selects the Python Data
 Source over confluent-kafka (``streaming.kafka_source``) instead. The query's checkpoint holds Spark's
 offset log, where the sink reads how far each batch read every partition (``streaming.sink.OffsetLog``).
+
+With changelogs (``RunnerSettings(changelog=True)``, the default; ``streaming.changelog``), a partition this node
+is the active copy of takes its changelog partition over (fencing the previous writer), restores what it lacks from
+it (all of it on an empty state dir), and only then reads the input topic, from the offset the changelog's last
+batch recorded; each of its batches goes to the changelog in one transaction before the local write. A partition
+this node hosts as a standby (``role``) runs no pipeline: the ``ChangelogFollower`` applies its changelog. A
+standby promoted to active keeps serving while it takes over. Global tables keep no changelog: every node reads
+them whole from their own (compacted) topic.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from pyspark.errors import StreamingQueryException
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming.apache_kafka import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError
 from iqgraph.streaming.change_feed import ChangeFeed
+from iqgraph.streaming.changelog import ChangelogFollower, Changelogs, ensure_changelog_topics
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.kafka_client_config import java_consumer_options
@@ -66,6 +75,7 @@ class RunnerSettings:
     trigger_interval: str = "0 seconds"
     source: str = "kafka"  # Spark's JVM connector (its jars in the session), or "iqkafka": the Python Data Source
     rebuild_lost: bool = False  # rebuild a partition whose unapplied records Kafka deleted (else: DATA_LOST)
+    changelog: bool = True  # batches go to the changelog topics; copies restore from them, standbys follow them
 
     def __post_init__(self) -> None:
         if self.source not in ("iqkafka", "kafka"):
@@ -170,9 +180,11 @@ class StreamRunner:
         settings: RunnerSettings,
         observer: BatchObserver | None = None,
         change_feed: ChangeFeed | None = None,
+        role: Callable[[str, int], str] | None = None,
     ) -> None:
         """Args:
         change_feed: where every sink publishes its committed changes (the node's, kept across restarts).
+        role: "active" or "standby" of a hosted partition (None: this node is the active copy of all it hosts).
         """
         self.app = app
         self.observer = observer  # hears every applied micro-batch (e.g. the node's metrics)
@@ -188,6 +200,11 @@ class StreamRunner:
         self._offsets: dict[str, KafkaOffsets] = {}
         self._dead_letter_queue: DeadLetterQueue | None = None
         self._lock = threading.RLock()
+        self.role = role or (lambda topic, partition: "active")
+        producing = {**self._client_config(), **(settings.producer_config or {})}
+        self.changelogs = Changelogs(producing, app.name) if settings.changelog else None
+        self.follower = ChangelogFollower(self.changelogs) if self.changelogs is not None else None
+        self._changelogs_made = False
         spark.dataSource.register(KafkaDataSource)
 
     def _client_config(self) -> dict[str, str]:
@@ -199,17 +216,47 @@ class StreamRunner:
             self._offsets[topic] = KafkaOffsets(self._client_config(), topic)
         return self._offsets[topic]
 
+    def logged(self, topic: str) -> bool:
+        """Return whether topic's stores keep a changelog (on, and not a global table)."""
+        return self.changelogs is not None and not self.app.topic(topic).global_table
+
+    def followed(self, topic: str, partition: int) -> bool:
+        """Return whether this node keeps partition by following its changelog (a standby's copy)."""
+        return self.logged(topic) and self.role(topic, partition) == "standby"
+
     def start(self, assignment: Assignment) -> None:
-        """Open the assigned partitions' databases and start one query per topic over them."""
+        """Open the assigned partitions' databases and start one query per topic over the ones it is active for."""
         with self._lock:
+            if self.changelogs is not None and not self._changelogs_made:
+                ensure_changelog_topics(self.changelogs.config, self.app)
+                self._changelogs_made = True
             owned = {t.name: sorted(set(assignment.get(t.name, ()))) for t in self.app.topics}
             owned = {topic: partitions for topic, partitions in owned.items() if partitions}
+            active = {topic: [p for p in ps if not self.followed(topic, p)] for topic, ps in owned.items()}
             for topic, partitions in owned.items():  # every topic's partitions open before any query runs: a
-                self._open(topic, partitions)  # join's first batch finds its table's partitions (streaming.joins)
-            for topic, partitions in owned.items():
+                self._follow(topic, [p for p in partitions if p not in active[topic]])  # join's first batch finds
+                self._open(topic, active[topic])  # its table's partitions (streaming.joins)
+            for topic, partitions in active.items():
                 readable = [p for p in partitions if self.partitions[topic][p].db.state is not PartitionState.DATA_LOST]
                 if readable:
                     self._queries.append(self._start_query(topic, readable))
+
+    def _follow(self, topic: str, followed: list[int]) -> None:
+        """Open the standby copies of topic's partitions followed, each kept by the changelog follower."""
+        if not followed:
+            return
+        assert self.follower is not None and self.changelogs is not None  # noqa: S101 - followed() says so
+        open_now = self.partitions.setdefault(topic, {})
+        already = set(self.follower.followed())
+        writer = self.changelogs.writer(topic)
+        for partition in followed:
+            writer.release(partition)  # an active copy demoted: it writes the changelog no more
+            if (topic, partition) in already:
+                continue
+            stores = open_now.get(partition) or self.state_dir.open(topic, partition, self.app.specs(topic))
+            open_now[partition] = stores
+            stores.db.topic_partitions(self.app.topic(topic).partitions)
+            self.follower.follow(topic, stores)
 
     def _open(self, topic: str, owned: list[int]) -> None:
         open_now = self.partitions.setdefault(topic, {})
@@ -217,12 +264,16 @@ class StreamRunner:
         earliest = self.offsets(topic).earliest(owned)
         horizon = tombstone_retention_s(self._client_config(), topic) if self.app.topic(topic).table else None
         for partition in owned:
+            if self.follower is not None:
+                self.follower.release(topic, partition)  # a standby promoted: the pipeline keeps it from now on
             kept = open_now.get(partition)
             stores = kept or self.state_dir.open(topic, partition, self.app.specs(topic))
             open_now[partition] = stores
             stores.db.topic_partitions(self.app.topic(topic).partitions)  # refuses stores built for another count
             if kept is None and horizon is not None:
                 stores = self._tombstones_kept(stores, horizon)
+            if self.logged(topic):
+                self._take_over(topic, stores)
             open_now[partition] = stores = self._from_log_start(stores, earliest[partition])
             stores.db.topic_partitions(self.app.topic(topic).partitions)  # recorded anew in rebuilt stores
             self._targets[(topic, partition)] = ends[partition]
@@ -232,6 +283,12 @@ class StreamRunner:
                 continue  # kept through a reassignment: its data stays valid, it only pauses while the query restarts
             stores.db.set_state(PartitionState.RESTORING)
             mark_running_when_caught_up(stores, ends[partition])
+
+    def _take_over(self, topic: str, stores: PartitionStores) -> None:
+        """Become the writer of a partition's changelog (fencing the last one), then restore what the stores lack."""
+        assert self.changelogs is not None  # noqa: S101 - logged() says so
+        self.changelogs.writer(topic).take_over(stores.db.partition)
+        self.changelogs.restore(topic, stores)
 
     def _tombstones_kept(self, stores: PartitionStores, horizon_s: float) -> PartitionStores:
         """Return a table partition's stores, rebuilt from scratch if they stopped applying longer ago than the
@@ -298,13 +355,14 @@ class StreamRunner:
         sink = StoreSink(
             self.app,
             self.app.topic(topic),
-            dict(stores),
+            {p: stores[p] for p in owned},
             self._dead_letters(),
             self._committed(topic),
             observer=self.observer,
             tables=lambda table_topic: self.partitions.get(table_topic, {}),
             change_feed=self.change_feed,
             offset_log=OffsetLog(checkpoint / "offsets", topic, starting),
+            changelog=self.changelogs.writer(topic) if self.changelogs is not None and self.logged(topic) else None,
         )
         self._sinks.append(sink)
         options = source_options(self.settings, topic, owned, starting)
@@ -373,6 +431,10 @@ class StreamRunner:
             for topic, open_now in self.partitions.items():
                 keep = set(assignment.get(topic, ()))
                 for partition in [p for p in open_now if p not in keep]:
+                    if self.follower is not None:
+                        self.follower.release(topic, partition)
+                    if self.changelogs is not None and self.logged(topic):
+                        self.changelogs.writer(topic).release(partition)
                     open_now.pop(partition).close()
             self.start(assignment)
 
@@ -380,6 +442,10 @@ class StreamRunner:
         """Stop the queries and close every partition database."""
         with self._lock:
             self.stop_queries()
+            if self.follower is not None:
+                self.follower.stop()
+            if self.changelogs is not None:
+                self.changelogs.close()
             for open_now in self.partitions.values():
                 for stores in open_now.values():
                     stores.close()

@@ -31,6 +31,7 @@ stored offset are dropped, and a slice commits only when it begins at the stored
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import threading
@@ -60,6 +61,7 @@ from iqgraph.stores.codecs import decode_values
 from iqgraph.stores.kv import Merged
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.change_set import ChangeSet, Interest, rank_entry
+from iqgraph.streaming.changelog import ChangelogWriter
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.decode import Decoder, value_schema
 from iqgraph.streaming.definitions import App, StoreDefinition, Topic
@@ -228,12 +230,14 @@ class StoreSink:
         tables: HostedTables | None = None,
         change_feed: ChangeFeed | None = None,
         offset_log: OffsetLog | None = None,
+        changelog: ChangelogWriter | None = None,
     ) -> None:
         """Args:
         tables: the partitions this node hosts of a topic, now: where joined tables are read (streaming.joins).
         change_feed: where each partition's committed changes are published, for the stores someone watches.
         offset_log: the query's offset log, where each batch's end offsets are read (None: offsets move past the
             last record of each partition's slice only).
+        changelog: where each partition's batch is sent, in one transaction, before it is written locally.
         """
         self.app = app
         self.topic = topic
@@ -245,6 +249,7 @@ class StoreSink:
         self.observer = observer
         self.change_feed = change_feed
         self.offset_log = offset_log
+        self.changelog = changelog
         self._decoder: Decoder | None = None  # built on the first batch, as the partials plan
         self._plan = PartialsPlan(self.stores, self.tasks)
         self._placements: dict[Any, Placement] = {}  # key -> where each partitioner puts it
@@ -335,6 +340,8 @@ class StoreSink:
             tx = stores.db.begin(start, end)
             if tx is None:
                 continue
+            if self.changelog is not None:
+                tx.publish = functools.partial(self.changelog.publish, partition)
             if batch.last_offset < 0:  # offsets without a record (markers, aborted or compacted away): the offset
                 tx.commit()  # alone, in its own WriteBatch
                 self._committed(partition, end, None)

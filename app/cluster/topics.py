@@ -3,6 +3,10 @@
 Production topics are provisioned by their owners, so serving does not create them unless asked. A topic
 another node created first counts as present; a topic that exists with another partition count is left
 alone (the node's start check names it).
+
+The changelog topics (``streaming.changelog``: ``<app>-<topic>-changelog``, compacted, partitioned like their input
+topic) belong to the app, as Kafka Streams' do: they are created with the app's topics here and, when missing, at
+every node start (``create_changelog_topics``); a refusal is one line naming the topic and the right to grant.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from iqgraph.streaming.changelog import ChangelogError, changelog_topics, ensure_changelog_topics
 from iqgraph.streaming.definitions import App
 
 log = logging.getLogger(__name__)
@@ -33,7 +38,15 @@ def missing_topics(admin: AdminClient, app: App, timeout: float) -> list[NewTopi
     dead_letters = app.kafka.dead_letter_topic
     if dead_letters is not None and dead_letters not in existing:
         wanted.append(NewTopic(dead_letters, num_partitions=1))
-    return wanted
+    return wanted + [t for t in changelog_topics(app) if t.topic not in existing]
+
+
+def create_changelog_topics(config: Mapping[str, str], app: App, timeout: float = 10.0) -> dict[str, int]:
+    """Create the app's missing changelog topics; return them. Raise TopicCreationError naming what was refused."""
+    try:
+        return ensure_changelog_topics(config, app, timeout)
+    except ChangelogError as exc:
+        raise TopicCreationError(str(exc)) from None
 
 
 def create_topics(config: Mapping[str, str], app: App, timeout: float = 10.0) -> dict[str, int]:

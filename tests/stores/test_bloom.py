@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 
 from iqgraph.stores import CorruptValueError, InvalidKeyError, PartitionStores, PartitionTransaction
-from iqgraph.stores.bloom import SNAPSHOT_KEY
+from iqgraph.stores.bloom import PAGE_BYTES, PAGES_KEY, SNAPSHOT_KEY, page_key, pages_of
+from iqgraph.stores.codecs import decode_int64, encode_int64
 from tests.stores.conftest import Apply
 
 # "seen": string keys, capacity 50,000, error rate 1%; "seen_int": integer keys, capacity 1,000, 1%.
@@ -120,6 +121,22 @@ def test_int_and_string_keys_are_distinct(partition: PartitionStores, apply: App
 def test_adding_no_keys_writes_nothing(partition: PartitionStores, apply: Apply) -> None:
     apply(partition, lambda tx: partition.bloom("seen").add(tx, []))
     assert partition.db.family("seen").get(SNAPSHOT_KEY) is None
+    assert partition.db.family("seen").get(PAGES_KEY) is None
+
+
+def stored_snapshot(stores: PartitionStores, name: str) -> bytes:
+    """Return the bloom snapshot of store name as its pages hold it."""
+    family = stores.db.family(name)
+    length = decode_int64(family.get(PAGES_KEY))
+    pages = [family.get(page_key(i)) for i in range(-(-length // PAGE_BYTES))]
+    return b"".join(pages)
+
+
+def write_snapshot(tx: PartitionTransaction, name: str, snapshot: bytes) -> None:
+    """Store snapshot as store name's pages (with its length)."""
+    tx.put(name, PAGES_KEY, encode_int64(len(snapshot)))
+    for index, page in enumerate(pages_of(snapshot)):
+        tx.put(name, page_key(index), page)
 
 
 def reopen_with_snapshot(
@@ -128,9 +145,8 @@ def reopen_with_snapshot(
     """Store a snapshot of seen_int changed by corrupt, then reopen the partition (as after a restart)."""
     stores = open_partition()
     add_in_batches(stores, apply, "seen_int", [1, 2, 3], 1)
-    snapshot = stores.db.family("seen_int").get(SNAPSHOT_KEY)
-    assert isinstance(snapshot, bytes)
-    apply(stores, lambda tx: tx.put("seen_int", SNAPSHOT_KEY, corrupt(snapshot)))
+    snapshot = stored_snapshot(stores, "seen_int")
+    apply(stores, lambda tx: write_snapshot(tx, "seen_int", corrupt(snapshot)))
     stores.close()
     return open_partition()
 

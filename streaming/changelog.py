@@ -1,0 +1,492 @@
+"""Changelog topics: each batch's state changes in a compacted Kafka topic, restore from it, standbys that follow it.
+
+One changelog topic per input topic of the app, ``<app>-<topic>-changelog``, partitioned like the input topic: its
+partition p holds what the stores of input partition p changed (``stores.changelog``: every store of the partition
+database, the meta family with the next source offset last). Kafka Streams keeps one changelog per store; here the
+unit of exactly-once is the partition database (ONE WriteBatch across its stores with the next offset), so one topic
+per partition database keeps a batch in one topic-partition, and its last record — the next source offset, one key,
+compacted to the newest — always says where the source is read on from. ``cleanup.policy=compact``: time retention
+never deletes a state.
+
+- ``ChangelogWriter``: the active copy sends each batch's records in ONE Kafka transaction per partition (a
+  transactional producer per partition, ``transactional.id`` = ``<changelog>-<p>``), committed before the local
+  WriteBatch is written (``PartitionTransaction.publish``), so the changelog is never behind the local state for
+  long: a crash between the two leaves the changelog one batch ahead, which the next start reads back. A new owner's
+  ``init_transactions`` fences the previous one (a zombie's next send fails, its batch is not written locally) and
+  aborts its open transaction.
+- ``restore``: a copy reads its changelog partition from where it is (0 when it holds nothing) up to the last
+  stable offset, in bulk WriteBatches (no Spark), before its pipeline starts at the restored next offset.
+- ``ChangelogFollower``: standbys apply the changelog instead of running the pipeline: one consumer (read_committed)
+  over every followed partition, a batch applied whole when its last record arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from iqgraph.stores import PartitionState, PartitionStores
+from iqgraph.stores.changelog import Record, apply_records, batch_records, changelog_next, is_batch_end, record_position
+from iqgraph.stores.partition import PartitionTransaction
+from iqgraph.streaming.definitions import App
+from iqgraph.streaming.kafka_offsets import KafkaOffsets
+
+log = logging.getLogger(__name__)
+
+#: The changelog topics' configuration (Kafka Streams' changelogs: compacted; no time retention).
+CHANGELOG_CONFIG = {"cleanup.policy": "compact"}
+RESTORE_CHUNK = 20_000  # records per WriteBatch while restoring (not served: batches need not be whole)
+TRANSACTION_TIMEOUT_S = 30.0
+
+
+def changelog_topic(app: str, topic: str) -> str:
+    """Return the name of the changelog topic of input topic in app."""
+    return f"{app}-{topic}-changelog"
+
+
+class ChangelogError(RuntimeError):
+    """A changelog could not be made or written (a batch not sent is not written locally either)."""
+
+
+_REFUSED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+
+
+def changelog_topics(app: App) -> list[NewTopic]:
+    """Return the changelog topics of app (every input topic but global tables, which every node reads whole)."""
+    return [
+        NewTopic(changelog_topic(app.name, t.name), num_partitions=t.partitions, config=dict(CHANGELOG_CONFIG))
+        for t in app.topics
+        if not t.global_table
+    ]
+
+
+def ensure_changelog_topics(config: Mapping[str, str], app: App, timeout: float = 10.0) -> dict[str, int]:
+    """Create app's changelog topics Kafka does not have; return them. Raise ChangelogError (one line) if refused."""
+    admin = AdminClient(dict(config), logger=log)
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise ChangelogError(f"cannot list topics: {exc}") from None
+    wanted = [t for t in changelog_topics(app) if t.topic not in existing]
+    if not wanted:
+        return {}
+    futures = admin.create_topics(wanted, operation_timeout=timeout, request_timeout=timeout)
+    created = {}
+    for new in wanted:
+        try:
+            futures[new.topic].result(timeout=timeout)
+            created[new.topic] = new.num_partitions
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:  # another node made it first
+                continue
+            grant = (
+                f"; grant CREATE on topic {new.topic!r} to this node's principal, or create it yourself "
+                f"({new.num_partitions} partitions, cleanup.policy=compact)"
+                if error.code() in _REFUSED
+                else ""
+            )
+            raise ChangelogError(f"cannot create changelog topic {new.topic!r}: {error.str()}{grant}") from None
+    return created
+
+
+class ChangelogFencedError(ChangelogError):
+    """Another copy took this partition's changelog over: this one must stop writing it."""
+
+
+def _consumer(config: Mapping[str, str]) -> Consumer:
+    return Consumer(
+        {
+            **config,
+            "group.id": "iqgraph-changelog",  # required by librdkafka; partitions are assigned, nothing is committed
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 50,
+        },
+        logger=log,
+    )
+
+
+class ChangelogWriter:
+    """The active copy's side: each partition's batches sent to its changelog partition, one transaction each."""
+
+    def __init__(self, config: Mapping[str, str], app: str, topic: str) -> None:
+        self.config = dict(config)
+        self.topic = changelog_topic(app, topic)
+        self._producers: dict[int, Producer] = {}
+        self.sent_bytes = 0
+        self.sent_records = 0
+
+    def fence(self, partition: int) -> None:
+        """Take partition's changelog over: fence any earlier writer and abort its open transaction."""
+        old = self._producers.pop(partition, None)
+        if old is not None:
+            old.flush(1.0)
+        producer = Producer(
+            {
+                **self.config,
+                "transactional.id": f"{self.topic}-{partition}",
+                "transaction.timeout.ms": int(TRANSACTION_TIMEOUT_S * 1000),
+                "linger.ms": 5,
+                "compression.type": "lz4",
+            },
+            logger=log,
+        )
+        try:
+            producer.init_transactions(TRANSACTION_TIMEOUT_S)
+        except KafkaException as exc:
+            raise ChangelogError(f"cannot write changelog {self.topic}[{partition}]: {exc.args[0].str()}") from None
+        self._producers[partition] = producer
+
+    def take_over(self, partition: int) -> None:
+        """Be partition's writer: fence the others (unless this writer holds it already)."""
+        if partition not in self._producers:
+            self.fence(partition)
+
+    def release(self, partition: int) -> None:
+        """Stop writing partition (another copy is its writer now)."""
+        producer = self._producers.pop(partition, None)
+        if producer is not None:
+            producer.flush(1.0)
+
+    def publish(self, partition: int, tx: PartitionTransaction) -> None:
+        """Send tx's records in one transaction, then record in tx where the changelog now ends."""
+        producer = self._producers.get(partition)
+        if producer is None:
+            self.fence(partition)
+            producer = self._producers[partition]
+        records = batch_records(tx)
+        last = self._send(producer, partition, records)
+        record_position(tx, last + 1)
+
+    def _send(self, producer: Producer, partition: int, records: list[Record]) -> int:
+        """Send records in one transaction; return the offset of the last one."""
+        offsets: list[int] = []
+        errors: list[KafkaError] = []
+
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                errors.append(error)
+            else:
+                offsets.append(message.offset())
+
+        try:
+            producer.begin_transaction()
+            for key, value in records:
+                self._produce(producer, partition, key, value, delivered)
+            producer.flush(TRANSACTION_TIMEOUT_S)
+            if errors or len(offsets) != len(records):
+                raise KafkaException(errors[0] if errors else KafkaError(KafkaError._TIMED_OUT))
+            producer.commit_transaction(TRANSACTION_TIMEOUT_S)
+        except KafkaException as exc:
+            self._abandon(producer, partition, exc)
+        self.sent_records += len(records)
+        self.sent_bytes += sum(len(k) + len(v or b"") for k, v in records)
+        return max(offsets)
+
+    def _produce(
+        self, producer: Producer, partition: int, key: bytes, value: bytes | None, delivered: Callable[..., None]
+    ) -> None:
+        while True:
+            try:
+                producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivered)
+                return
+            except BufferError:  # the local queue is full: let it drain
+                producer.poll(0.05)
+
+    def _abandon(self, producer: Producer, partition: int, exc: KafkaException) -> None:
+        """Abort the transaction (or drop a fenced producer) and raise what the batch's caller is told."""
+        error = exc.args[0] if exc.args else None
+        fatal = isinstance(error, KafkaError) and error.fatal()
+        if fatal:
+            self._producers.pop(partition, None)
+            raise ChangelogFencedError(
+                f"changelog {self.topic}[{partition}]: another copy writes it now ({error.str()}); this batch is "  # type: ignore[union-attr]
+                "not applied here"
+            ) from None
+        try:
+            producer.abort_transaction(TRANSACTION_TIMEOUT_S)
+        except KafkaException:
+            self._producers.pop(partition, None)  # the next batch starts over with a new producer
+        raise ChangelogError(f"changelog {self.topic}[{partition}]: the batch was not sent: {exc}") from None
+
+    def close(self) -> None:
+        """Close every producer (nothing is pending between batches)."""
+        for producer in self._producers.values():
+            producer.flush(1.0)
+        self._producers.clear()
+
+
+@dataclass
+class RestoreProgress:
+    """How far a copy's restore from its changelog is: records and bytes applied, of how many."""
+
+    topic: str
+    partition: int
+    start: int  # the changelog offset it started at
+    target: int  # the changelog's last stable offset when it started
+    records: int = 0
+    bytes: int = 0
+    position: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def rate(self) -> float:
+        """Return the records applied per second so far."""
+        return self.records / max(time.monotonic() - self.started, 1e-6)
+
+    @property
+    def eta_s(self) -> float | None:
+        """Return the seconds left at the rate so far (None before any record)."""
+        if not self.records:
+            return None
+        return max(self.target - self.position, 0) / max(self.rate, 1e-6)
+
+    def line(self) -> str:
+        """Return the progress as one log line."""
+        eta = self.eta_s
+        return (
+            f"restoring {self.topic}-{self.partition} from its changelog: {self.records:,} records "
+            f"({self.bytes / 1e6:.1f} MB) at {self.rate:,.0f}/s, offset {self.position:,} of {self.target:,}"
+            + (f", ETA {eta:.0f} s" if eta is not None else "")
+        )
+
+
+#: Restores under way or done, per (changelog topic, partition): what the metrics and the progress line read.
+RESTORES: dict[tuple[str, int], RestoreProgress] = {}
+
+
+class Changelogs:
+    """The changelog topics of one app: end offsets, restores, the active's writers."""
+
+    def __init__(self, config: Mapping[str, str], app: str) -> None:
+        self.config = dict(config)
+        self.app = app
+        self._offsets: dict[str, KafkaOffsets] = {}
+        self._writers: dict[str, ChangelogWriter] = {}
+
+    def topic(self, topic: str) -> str:
+        """Return the changelog topic of input topic."""
+        return changelog_topic(self.app, topic)
+
+    def end_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """Return the last stable offset of topic's changelog partitions."""
+        name = self.topic(topic)
+        if name not in self._offsets:
+            self._offsets[name] = KafkaOffsets(self.config, name)
+        return dict(self._offsets[name].latest(partitions))
+
+    def writer(self, topic: str) -> ChangelogWriter:
+        """Return the writer of topic's changelog."""
+        if topic not in self._writers:
+            self._writers[topic] = ChangelogWriter(self.config, self.app, topic)
+        return self._writers[topic]
+
+    def restore(self, topic: str, stores: PartitionStores, stop: Callable[[], bool] = lambda: False) -> RestoreProgress:
+        """Apply stores' changelog partition from where the stores are up to its last stable offset, in bulk."""
+        db = stores.db
+        start = changelog_next(db)
+        target = self.end_offsets(topic, [db.partition])[db.partition]
+        progress = RestoreProgress(topic, db.partition, start, target, position=start)
+        RESTORES[(self.topic(topic), db.partition)] = progress
+        if start >= target:
+            return progress
+        log.info("%s-%s: restoring from changelog offsets %d..%d", topic, db.partition, start, target - 1)
+        consumer = _consumer(self.config)
+        try:
+            consumer.assign([TopicPartition(self.topic(topic), db.partition, start)])
+            _read_to(consumer, stores, progress, stop)
+        finally:
+            consumer.close()
+        log.info(
+            "%s-%s: restored %d records (%.1f MB) from its changelog in %.1f s",
+            topic,
+            db.partition,
+            progress.records,
+            progress.bytes / 1e6,
+            time.monotonic() - progress.started,
+        )
+        return progress
+
+    def close(self) -> None:
+        """Close the writers."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+
+def _read_to(consumer: Consumer, stores: PartitionStores, progress: RestoreProgress, stop: Callable[[], bool]) -> None:
+    """Consume and apply until the consumer is at progress.target (or the end of what it may read)."""
+    pending: list[Record] = []
+    last_logged = time.monotonic()
+    while progress.position < progress.target and not stop():
+        messages = consumer.consume(10_000, timeout=0.5)
+        at_end = False
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    at_end = True
+                    progress.position = max(progress.position, message.offset())
+                    continue
+                raise KafkaException(error)
+            key, value = message.key(), message.value()
+            pending.append((key, value))
+            progress.bytes += len(key or b"") + len(value or b"")
+            progress.position = message.offset() + 1
+        if len(pending) >= RESTORE_CHUNK or (pending and (at_end or progress.position >= progress.target)):
+            progress.records += apply_records(stores.db, pending, progress.position)
+            pending = []
+        if at_end:
+            break
+        if time.monotonic() - last_logged > 2.0:
+            log.info("%s", progress.line())
+            last_logged = time.monotonic()
+    if pending:
+        progress.records += apply_records(stores.db, pending, progress.position)
+
+
+class ChangelogFollower:
+    """Standby copies kept by applying their changelogs: one consumer thread over every followed partition.
+
+    A copy restores in bulk while RESTORING (chunks, not served) up to the changelog's stable end seen when it was
+    added, turns RUNNING, and from then on applies each batch whole, when the batch's last record arrives.
+    """
+
+    def __init__(self, changelogs: Changelogs) -> None:
+        self.changelogs = changelogs
+        self._lock = threading.Lock()
+        self._followed: dict[tuple[str, int], tuple[str, PartitionStores]] = {}  # changelog tp -> (topic, stores)
+        self._targets: dict[tuple[str, int], int] = {}
+        self._pending: dict[tuple[str, int], list[Record]] = {}
+        self._assigned: set[tuple[str, int]] = set()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.applied_batches = 0
+
+    def follow(self, topic: str, stores: PartitionStores) -> None:
+        """Start following stores' changelog partition (the copy is RESTORING until it caught up)."""
+        tp = (self.changelogs.topic(topic), stores.db.partition)
+        target = self.changelogs.end_offsets(topic, [stores.db.partition])[stores.db.partition]
+        stores.db.set_state(PartitionState.RESTORING)
+        with self._lock:
+            self._followed[tp] = (topic, stores)
+            self._targets[tp] = target
+            self._pending[tp] = []
+            if changelog_next(stores.db) >= target:
+                stores.db.set_state(PartitionState.RUNNING)
+        RESTORES[tp] = RestoreProgress(topic, stores.db.partition, changelog_next(stores.db), target)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="changelog-follower", daemon=True)
+            self._thread.start()
+
+    def release(self, topic: str, partition: int) -> None:
+        """Stop following topic's partition: nothing is applied to it after this returns."""
+        with self._lock:
+            tp = (self.changelogs.topic(topic), partition)
+            self._followed.pop(tp, None)
+            self._pending.pop(tp, None)
+
+    def followed(self) -> list[tuple[str, int]]:
+        """Return the (input topic, partition) pairs followed now."""
+        with self._lock:
+            return sorted((topic, tp[1]) for tp, (topic, _) in self._followed.items())
+
+    def stop(self) -> None:
+        """Stop the thread (the copies stay open)."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def _run(self) -> None:
+        consumer = _consumer(self.changelogs.config)
+        try:
+            while not self._stopped.is_set():
+                try:
+                    self._reconcile(consumer)
+                    if not self._assigned:
+                        time.sleep(0.1)
+                        continue
+                    for message in consumer.consume(5_000, timeout=0.2):
+                        self._take(message)
+                    self._flush_restoring()
+                except KafkaException as exc:  # Kafka away, a partition moving: try again
+                    log.warning("changelog follower: %s; retrying in 1 s", exc)
+                    time.sleep(1.0)
+        finally:
+            consumer.close()
+
+    def _reconcile(self, consumer: Consumer) -> None:
+        """Assign the changelog partitions followed now, each from where its copy is."""
+        with self._lock:
+            wanted = {tp: stores for tp, (_, stores) in self._followed.items()}
+        gone = self._assigned - set(wanted)
+        if gone:
+            consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
+            self._assigned -= gone
+        new = [tp for tp in wanted if tp not in self._assigned]
+        if new:
+            consumer.incremental_assign([TopicPartition(t, p, changelog_next(wanted[(t, p)].db)) for t, p in new])
+            self._assigned |= set(new)
+
+    def _take(self, message: Message) -> None:
+        error = message.error()
+        tp = (message.topic(), message.partition())
+        with self._lock:
+            followed = self._followed.get(tp)
+            if followed is None:
+                return
+            stores = followed[1]
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    self._caught_up(tp, stores, message.offset())
+                    return
+                raise KafkaException(error)
+            pending = self._pending[tp]
+            pending.append((message.key(), message.value()))
+            progress = RESTORES.get(tp)
+            if progress is not None:
+                progress.records += 1
+                progress.bytes += len(message.key() or b"") + len(message.value() or b"")
+                progress.position = message.offset() + 1
+            if is_batch_end(message.key()):
+                apply_records(stores.db, pending, message.offset() + 1)
+                self._pending[tp] = []
+                self.applied_batches += 1
+                if message.offset() + 1 >= self._targets.get(tp, 0):
+                    self._caught_up(tp, stores, message.offset() + 1)
+
+    def _caught_up(self, tp: tuple[str, int], stores: PartitionStores, offset: int) -> None:
+        """Turn a restoring copy RUNNING once it applied every whole batch up to its target."""
+        if stores.db.state is PartitionState.RESTORING and offset >= self._targets.get(tp, 0):
+            pending = self._pending.get(tp)
+            if pending:
+                apply_records(stores.db, pending, offset)
+                self._pending[tp] = []
+            stores.db.set_state(PartitionState.RUNNING)
+            log.info("%s-%s: standby caught up with its changelog at offset %d", tp[0], tp[1], offset)
+
+    def _flush_restoring(self) -> None:
+        """Write what restoring copies hold (not served yet: a chunk need not be a whole batch)."""
+        with self._lock:
+            for tp, (_, stores) in self._followed.items():
+                pending = self._pending.get(tp)
+                if pending and stores.db.state is PartitionState.RESTORING:
+                    progress = RESTORES.get(tp)
+                    position = progress.position if progress is not None else changelog_next(stores.db)
+                    apply_records(stores.db, pending, position)
+                    self._pending[tp] = []
+
+
+def changelog_lag(end_offsets: Mapping[int, int], stores: Mapping[int, PartitionStores]) -> dict[int, int]:
+    """Return, per partition, how many changelog offsets a copy is behind its changelog's stable end."""
+    return {p: max(end_offsets.get(p, 0) - changelog_next(s.db), 0) for p, s in stores.items()}

@@ -1,0 +1,161 @@
+"""The changelog (streaming.changelog, stores.changelog) on the session's Apache Kafka broker: batches sent in one
+transaction each, a copy restored from it equal to the writer's stores, a standby that follows it, a zombie fenced."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
+from iqgraph.stores.changelog import CHANGELOG_NEXT_KEY, changelog_next
+from iqgraph.stores.partition import META_CF
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.changelog import (
+    CHANGELOG_CONFIG,
+    ChangelogFencedError,
+    ChangelogFollower,
+    Changelogs,
+    changelog_topic,
+)
+from tests.stores.conftest import SPECS, TOPIC
+
+Open = Callable[[str, int], PartitionStores]
+
+
+@pytest.fixture
+def app_name(broker: KafkaBroker) -> str:
+    """Return a new app name whose changelog topic (2 partitions, compacted) exists."""
+    name = f"cl{random.randrange(1 << 30):x}"
+    broker.create_topics({changelog_topic(name, TOPIC): 2}, CHANGELOG_CONFIG)
+    return name
+
+
+@pytest.fixture
+def open_copy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Open]:
+    """Return a function that opens partition p of TOPIC in a state directory of its own (a copy on a node)."""
+    opened: list[PartitionStores] = []
+
+    def open_(node: str, partition: int = 0) -> PartitionStores:
+        root = tmp_path_factory.getbasetemp() / f"{node}-{random.randrange(1 << 30):x}"
+        stores = StateDirectory(root, "test-app").open(TOPIC, partition, SPECS)
+        opened.append(stores)
+        return stores
+
+    yield open_
+    for stores in opened:
+        stores.close()
+
+
+def write_batch(stores: PartitionStores, changelogs: Changelogs, rng: random.Random, size: int = 40) -> None:
+    """Apply one batch of size records of every store kind, sent to the changelog first."""
+    db = stores.db
+    start = db.next_offset()
+    tx = db.begin(start, start + size)
+    assert tx is not None
+    tx.publish = lambda t: changelogs.writer(TOPIC).publish(db.partition, t)
+    keys = [f"k{rng.randrange(60)}" for _ in range(size)]
+    with tx:
+        stores.kv("counts").merge(tx, [(k, 1) for k in keys], positions=list(range(start, start + size)))
+        stores.kv("maxes").merge(tx, [(k, rng.randrange(1000)) for k in keys])
+        times = [start * 3 + i for i in range(size)]
+        stores.window("tumbling").merge(
+            tx, [(k, t - t % 10, 1) for k, t in zip(keys, times, strict=True)], max(times), 0
+        )
+        stores.bloom("seen").add(tx, keys)
+
+
+def contents(stores: PartitionStores) -> dict[str, dict[bytes, bytes]]:
+    """Return every column family's items (meta without the copy's own changelog position)."""
+    families = {cf for spec in SPECS for cf in spec.column_families} | {META_CF}
+    dumped = {cf: dict(stores.db.family(cf).items()) for cf in sorted(families)}
+    dumped[META_CF].pop(CHANGELOG_NEXT_KEY, None)
+    dumped[META_CF].pop(b"topic_partitions", None)
+    return dumped
+
+
+def test_a_copy_restored_from_the_changelog_equals_the_writer(
+    broker: KafkaBroker, app_name: str, open_copy: Open
+) -> None:
+    config = {"bootstrap.servers": broker.bootstrap_servers}
+    changelogs = Changelogs(config, app_name)
+    active = open_copy("a")
+    rng = random.Random(1)
+    for _ in range(30):
+        write_batch(active, changelogs, rng)
+    assert changelog_next(active.db) > 0
+    fresh = open_copy("b")
+    progress = Changelogs(config, app_name).restore(TOPIC, fresh)
+    assert progress.records > 0
+    assert contents(fresh) == contents(active)
+    fresh.db.set_state(PartitionState.RUNNING)
+    active.db.set_state(PartitionState.RUNNING)
+    assert fresh.bloom("seen").might_contain_many([f"k{i}" for i in range(60)]) == active.bloom(
+        "seen"
+    ).might_contain_many([f"k{i}" for i in range(60)])
+    # a copy with state reads only the tail
+    for _ in range(5):
+        write_batch(active, changelogs, rng)
+    tail = Changelogs(config, app_name).restore(TOPIC, fresh)
+    assert 0 < tail.records < progress.records
+    assert contents(fresh) == contents(active)
+
+
+def test_a_standby_follows_the_changelog_batch_by_batch(broker: KafkaBroker, app_name: str, open_copy: Open) -> None:
+    config = {"bootstrap.servers": broker.bootstrap_servers}
+    changelogs = Changelogs(config, app_name)
+    active = open_copy("a", 1)
+    rng = random.Random(2)
+    for _ in range(10):
+        write_batch(active, changelogs, rng)
+    standby = open_copy("s", 1)
+    follower = ChangelogFollower(Changelogs(config, app_name))
+    follower.follow(TOPIC, standby)
+    try:
+        seen_offsets: set[int] = set()
+        stop = threading.Event()
+
+        def watch() -> None:  # every next offset a reader sees is a batch end of the writer's
+            while not stop.is_set():
+                if standby.db.state is PartitionState.RUNNING:
+                    seen_offsets.add(standby.db.next_offset())
+                time.sleep(0.001)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        for _ in range(20):
+            write_batch(active, changelogs, rng)
+        deadline = time.monotonic() + 20
+        while standby.db.next_offset() != active.db.next_offset() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        watcher.join()
+        assert standby.db.state is PartitionState.RUNNING
+        assert contents(standby) == contents(active)
+        assert seen_offsets <= {40 * i for i in range(31)}
+    finally:
+        follower.stop()
+
+
+def test_a_zombie_writer_is_fenced_and_writes_nothing_locally(
+    broker: KafkaBroker, app_name: str, open_copy: Open
+) -> None:
+    config = {"bootstrap.servers": broker.bootstrap_servers}
+    zombie_log, new_log = Changelogs(config, app_name), Changelogs(config, app_name)
+    zombie = open_copy("z")
+    rng = random.Random(3)
+    write_batch(zombie, zombie_log, rng)
+    new_owner = open_copy("n")
+    new_log.writer(TOPIC).fence(0)
+    new_log.restore(TOPIC, new_owner)
+    before = contents(zombie)
+    with pytest.raises(ChangelogFencedError):
+        write_batch(zombie, zombie_log, rng)
+    assert contents(zombie) == before
+    write_batch(new_owner, new_log, rng)
+    check = open_copy("c")
+    Changelogs(config, app_name).restore(TOPIC, check)
+    assert contents(check) == contents(new_owner)
