@@ -17,7 +17,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -328,6 +328,13 @@ class PartitionDB:
             self.rdict.write(batch)
             self._version += 1
             self.applied_at = time.time()
+
+    def entries(self) -> Iterator[tuple[str, bytes]]:
+        """Yield (column family, key) of every entry, meta included."""
+        families = {META_CF} | {cf for spec in self.specs.values() for cf in spec.column_families}
+        for family in sorted(families):
+            for key in self.family(family).keys():
+                yield family, key
 
     def write_restored(self, batch: WriteBatch) -> None:
         """Write batch atomically as it came from the changelog (``stores.changelog``): whole batches of another

@@ -32,8 +32,19 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from iqgraph.stores import PartitionState, PartitionStores
-from iqgraph.stores.changelog import Record, apply_records, batch_records, changelog_next, is_batch_end, record_position
-from iqgraph.stores.partition import PartitionTransaction
+from iqgraph.stores.changelog import (
+    BATCH_END_KEY,
+    CHANGELOG_NEXT_KEY,
+    Record,
+    apply_records,
+    batch_records,
+    changelog_next,
+    is_batch_end,
+    record_key,
+    record_position,
+)
+from iqgraph.stores.codecs import encode_int64
+from iqgraph.stores.partition import META_CF, NEXT_OFFSET_KEY, TOPIC_PARTITIONS_KEY, PartitionDB, PartitionTransaction
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.kafka_offsets import KafkaOffsets
 
@@ -156,6 +167,25 @@ class ChangelogWriter:
         producer = self._producers.pop(partition, None)
         if producer is not None:
             producer.flush(1.0)
+
+    def reset(self, db: PartitionDB, start: int) -> int:
+        """Empty db's changelog partition (a tombstone for each of db's entries) and make start its next source
+        offset, in one transaction; return the changelog offset after it."""
+        self.take_over(db.partition)
+        records: list[Record] = [
+            (record_key(family, key), None)
+            for family, key in db.entries()
+            if not (family == META_CF and key in (CHANGELOG_NEXT_KEY, TOPIC_PARTITIONS_KEY, NEXT_OFFSET_KEY))
+        ]
+        records.append((BATCH_END_KEY, encode_int64(start)))
+        log.warning(
+            "%s[%d]: emptied for a rebuild from offset %d (%d entries)",
+            self.topic,
+            db.partition,
+            start,
+            len(records) - 1,
+        )
+        return self._send(self._producers[db.partition], db.partition, records) + 1
 
     def publish(self, partition: int, tx: PartitionTransaction) -> None:
         """Send tx's records in one transaction, then record in tx where the changelog now ends."""

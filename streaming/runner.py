@@ -37,6 +37,8 @@ from py4j.protocol import Py4JError
 from pyspark.errors import StreamingQueryException
 
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
+from iqgraph.stores.changelog import BATCH_END_KEY, apply_records
+from iqgraph.stores.codecs import encode_int64
 from iqgraph.streaming.apache_kafka import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.changelog import ChangelogFollower, Changelogs, ensure_changelog_topics
@@ -270,10 +272,14 @@ class StreamRunner:
             stores = kept or self.state_dir.open(topic, partition, self.app.specs(topic))
             open_now[partition] = stores
             stores.db.topic_partitions(self.app.topic(topic).partitions)  # refuses stores built for another count
+            if self.logged(topic):  # fence the last writer first: a rebuild below resets the changelog
+                assert self.changelogs is not None  # noqa: S101 - logged() says so
+                self.changelogs.writer(topic).take_over(partition)
             if kept is None and horizon is not None:
                 stores = self._tombstones_kept(stores, horizon)
             if self.logged(topic):
-                self._take_over(topic, stores)
+                assert self.changelogs is not None  # noqa: S101 - logged() says so
+                self.changelogs.restore(topic, stores)
             open_now[partition] = stores = self._from_log_start(stores, earliest[partition])
             stores.db.topic_partitions(self.app.topic(topic).partitions)  # recorded anew in rebuilt stores
             self._targets[(topic, partition)] = ends[partition]
@@ -283,12 +289,6 @@ class StreamRunner:
                 continue  # kept through a reassignment: its data stays valid, it only pauses while the query restarts
             stores.db.set_state(PartitionState.RESTORING)
             mark_running_when_caught_up(stores, ends[partition])
-
-    def _take_over(self, topic: str, stores: PartitionStores) -> None:
-        """Become the writer of a partition's changelog (fencing the last one), then restore what the stores lack."""
-        assert self.changelogs is not None  # noqa: S101 - logged() says so
-        self.changelogs.writer(topic).take_over(stores.db.partition)
-        self.changelogs.restore(topic, stores)
 
     def _tombstones_kept(self, stores: PartitionStores, horizon_s: float) -> PartitionStores:
         """Return a table partition's stores, rebuilt from scratch if they stopped applying longer ago than the
@@ -308,11 +308,24 @@ class StreamRunner:
         )
         return self._recreate(stores)
 
-    def _recreate(self, stores: PartitionStores) -> PartitionStores:
-        """Delete a partition's stores and return new, empty ones in their place."""
+    def _recreate(self, stores: PartitionStores, start: int = 0) -> PartitionStores:
+        """Delete a partition's stores and return new, empty ones in their place, reading the topic from start.
+
+        With a changelog, the changelog is emptied too (a tombstone for every entry, in one transaction): a copy
+        restored from it later must not find what the rebuild dropped.
+        """
         db = stores.db
+        reset = None
+        if self.logged(db.topic):
+            assert self.changelogs is not None  # noqa: S101 - logged() says so
+            reset = self.changelogs.writer(db.topic).reset(db, start)
         db.delete()
-        return self.state_dir.open(db.topic, db.partition, self.app.specs(db.topic))
+        rebuilt = self.state_dir.open(db.topic, db.partition, self.app.specs(db.topic))
+        if reset is not None:
+            apply_records(rebuilt.db, [(BATCH_END_KEY, encode_int64(start))], reset)
+        elif start:
+            rebuilt.db.start_at(start)
+        return rebuilt
 
     def _from_log_start(self, stores: PartitionStores, first: int) -> PartitionStores:
         """Return the stores to read a partition into, given the first offset Kafka still holds (retention).
@@ -342,8 +355,7 @@ class StreamRunner:
         if not self.settings.rebuild_lost:
             db.mark_lost(*lost)
             return stores
-        rebuilt = self._recreate(stores)
-        rebuilt.db.start_at(first)
+        rebuilt = self._recreate(stores, first)
         rebuilt.db.lost = lost
         return rebuilt
 
