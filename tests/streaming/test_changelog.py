@@ -11,8 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
-from iqgraph.stores.changelog import CHANGELOG_NEXT_KEY, changelog_next
-from iqgraph.stores.partition import META_CF
+from iqgraph.stores.changelog import changelog_next
 from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.changelog import (
     CHANGELOG_CONFIG,
@@ -22,6 +21,7 @@ from iqgraph.streaming.changelog import (
     changelog_topic,
 )
 from tests.stores.conftest import SPECS, TOPIC
+from tests.support.changelog_batches import contents, write_batch
 
 Open = Callable[[str, int], PartitionStores]
 
@@ -48,33 +48,6 @@ def open_copy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Open]:
     yield open_
     for stores in opened:
         stores.close()
-
-
-def write_batch(stores: PartitionStores, changelogs: Changelogs, rng: random.Random, size: int = 40) -> None:
-    """Apply one batch of size records of every store kind, sent to the changelog first."""
-    db = stores.db
-    start = db.next_offset()
-    tx = db.begin(start, start + size)
-    assert tx is not None
-    tx.publish = lambda t: changelogs.writer(TOPIC).publish(db.partition, t)
-    keys = [f"k{rng.randrange(60)}" for _ in range(size)]
-    with tx:
-        stores.kv("counts").merge(tx, [(k, 1) for k in keys], positions=list(range(start, start + size)))
-        stores.kv("maxes").merge(tx, [(k, rng.randrange(1000)) for k in keys])
-        times = [start * 3 + i for i in range(size)]
-        stores.window("tumbling").merge(
-            tx, [(k, t - t % 10, 1) for k, t in zip(keys, times, strict=True)], max(times), 0
-        )
-        stores.bloom("seen").add(tx, keys)
-
-
-def contents(stores: PartitionStores) -> dict[str, dict[bytes, bytes]]:
-    """Return every column family's items (meta without the copy's own changelog position)."""
-    families = {cf for spec in SPECS for cf in spec.column_families} | {META_CF}
-    dumped = {cf: dict(stores.db.family(cf).items()) for cf in sorted(families)}
-    dumped[META_CF].pop(CHANGELOG_NEXT_KEY, None)
-    dumped[META_CF].pop(b"topic_partitions", None)
-    return dumped
 
 
 def test_a_copy_restored_from_the_changelog_equals_the_writer(
