@@ -55,6 +55,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from iqgraph.schema.metrics import GraphQLMetrics, metric_code
 from iqgraph.stores import PartitionState
+from iqgraph.streaming.changelog import RESTORES, RestoreProgress
 from iqgraph.streaming.kafka_offsets import KafkaSourceError
 
 if TYPE_CHECKING:
@@ -209,6 +210,7 @@ class NodeStateCollector:
         if info is not None:
             yield from partition_metrics(info)
             yield from pipeline_metrics(info)
+            yield from changelog_metrics()
 
 
 def pipeline_metrics(info: NodeInfo) -> Iterator[Metric]:
@@ -276,6 +278,42 @@ def partition_metrics(info: NodeInfo) -> Iterator[Metric]:
         "iqgraph_restore_remaining_records", "Records left to apply by partitions not yet RUNNING", value=remaining
     )
     yield from (counts, lag, applied, end, since, stalled, lost, restore)
+
+
+def changelog_metrics(restores: Mapping[tuple[str, int], RestoreProgress] | None = None) -> Iterator[Metric]:
+    """Yield the gauges of the copies kept from changelogs (``streaming.changelog``): where each is in its
+    changelog, the changelog's end it restores to, and the restore's progress (records, bytes, rate, ETA)."""
+    restores = RESTORES if restores is None else restores
+    labels = ["changelog", "partition"]
+    position = GaugeMetricFamily(
+        "iqgraph_changelog_position", "Next changelog offset the copy reads (a standby follows on)", labels=labels
+    )
+    end = GaugeMetricFamily(
+        "iqgraph_changelog_end_offset", "The changelog end offset the copy restores to (last seen)", labels=labels
+    )
+    lag = GaugeMetricFamily(
+        "iqgraph_changelog_restore_remaining_offsets", "Changelog offsets left to the restore's end", labels=labels
+    )
+    records = GaugeMetricFamily(
+        "iqgraph_changelog_restored_records", "Changelog records applied since the copy was opened", labels=labels
+    )
+    size = GaugeMetricFamily(
+        "iqgraph_changelog_restored_bytes", "Bytes of changelog records applied since opened", labels=labels
+    )
+    rate = GaugeMetricFamily("iqgraph_changelog_restore_rate", "Records applied per second", labels=labels)
+    eta = GaugeMetricFamily(
+        "iqgraph_changelog_restore_eta_seconds", "Seconds left to the restore's end at its rate", labels=labels
+    )
+    for (changelog, partition), progress in sorted(restores.items()):
+        at = [changelog, str(partition)]
+        position.add_metric(at, progress.position)
+        end.add_metric(at, progress.target)
+        lag.add_metric(at, max(progress.target - progress.position, 0))
+        records.add_metric(at, progress.records)
+        size.add_metric(at, progress.bytes)
+        rate.add_metric(at, progress.rate)
+        eta.add_metric(at, progress.eta_s or 0.0)
+    yield from (position, end, lag, records, size, rate, eta)
 
 
 def scrape(metrics: NodeMetrics) -> bytes:

@@ -478,6 +478,10 @@ class ChangelogFollower:
             stores = followed[1]
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
+                    progress = RESTORES.get(tp)
+                    if progress is not None:  # the changelog's end as last seen: a standby's lag in its terms
+                        progress.target = max(progress.target, message.offset())
+                        progress.position = max(progress.position, message.offset())
                     self._caught_up(tp, stores, message.offset())
                     return
                 raise KafkaException(error)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from iqgraph.app.metrics import changelog_metrics
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
 from iqgraph.stores.changelog import changelog_next
 from iqgraph.streaming.apache_kafka import KafkaBroker
@@ -64,6 +65,12 @@ def test_a_copy_restored_from_the_changelog_equals_the_writer(
     progress = Changelogs(config, app_name).restore(TOPIC, fresh)
     assert progress.records > 0
     assert contents(fresh) == contents(active)
+    # operators see it: where the copy is, the end it restored to, records, bytes
+    gauges = {m.name: m.samples for m in changelog_metrics({(changelog_topic(app_name, TOPIC), 0): progress})}
+    assert gauges["iqgraph_changelog_position"][0].value == changelog_next(fresh.db) == progress.target
+    assert gauges["iqgraph_changelog_restored_records"][0].value == progress.records
+    assert gauges["iqgraph_changelog_restored_bytes"][0].value == progress.bytes > 0
+    assert gauges["iqgraph_changelog_restore_remaining_offsets"][0].value == 0
     fresh.db.set_state(PartitionState.RUNNING)
     active.db.set_state(PartitionState.RUNNING)
     assert fresh.bloom("seen").might_contain_many([f"k{i}" for i in range(60)]) == active.bloom(
