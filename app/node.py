@@ -95,6 +95,7 @@ class Node:
         self.change_feed = ChangeFeed(max_subscriptions=settings.max_subscriptions)
         self.live: Live | None = None
         self._hosted: dict[str, list[int]] = {}
+        self._running: dict[str, list[int]] = {}  # the hosted partitions whose pipeline runs here
         self.metrics = NodeMetrics(self._members, self._node_info, lambda: self.state.value, self._live_stats)
 
     def _members(self) -> Mapping[str, Member]:
@@ -199,6 +200,7 @@ class Node:
             raise NodeStartError(f"cannot join the cluster: {exc}") from None
         assignment = self.assignment or self._hosted_in(self.membership.current())
         self._hosted = {t: sorted(ps) for t, ps in assignment.items()}
+        self._running = self._pipelines(self._hosted)
         try:
             for topic, partitions in assignment.items():
                 for partition in partitions:
@@ -229,7 +231,7 @@ class Node:
                 self._runner_settings(),
                 observer=self.metrics.batch_applied,
                 change_feed=self.change_feed,
-                role=self._role,
+                role=self._pipeline_role,
             )
             self.runner.start(assignment)
         except (StoreError, ValueError) as exc:  # DefinitionError is a ValueError
@@ -355,6 +357,27 @@ class Node:
         owners = self.membership.current().owners_of(topic, partition) if self.membership else None
         return "standby" if owners is not None and owners.active != self.settings.node_id else "active"
 
+    def _pipeline_role(self, topic: str, partition: int) -> str:
+        """Return "active" when this node runs the pipeline of a hosted partition (and writes its changelog), else
+        "standby" (it follows the changelog): the map's active copy, or, while the active is down, the first standby
+        that is not — so a partition whose active died keeps being applied, from the offsets its changelog carries.
+        """
+        if self.membership is None:
+            return "active"
+        cmap = self.membership.current()
+        owners = cmap.owners_of(topic, partition)
+        if owners.active is None or owners.active == self.settings.node_id:
+            return "active"
+        if owners.active in cmap.down:
+            live = [node for node in owners.standbys if node not in cmap.down]
+            if live and live[0] == self.settings.node_id:
+                return "active"
+        return "standby"
+
+    def _pipelines(self, hosted: Mapping[str, list[int]]) -> dict[str, list[int]]:
+        """Return the hosted partitions this node runs the pipeline of."""
+        return {t: [p for p in ps if self._pipeline_role(t, p) == "active"] for t, ps in hosted.items()}
+
     def _hosted_in(self, cmap: ClusterMap) -> dict[str, list[int]]:
         """Return the partitions this node hosts in cmap, with the co-partitioned tables its joins read."""
         return with_joined_tables(cmap.hosted_partitions(self.settings.node_id), self.app.copartitioned_joins())
@@ -362,8 +385,16 @@ class Node:
     def _on_new_map(self, cmap: ClusterMap) -> None:
         """Restart the streaming queries when the partitions this node hosts change."""
         hosted = {t: sorted(ps) for t, ps in self._hosted_in(cmap).items()}
-        if hosted == self._hosted or self.runner is None or self.state is not NodeState.RUNNING:
+        pipelines = self._pipelines(hosted)
+        unchanged = hosted == self._hosted and pipelines == self._running
+        if unchanged or self.runner is None or self.state is not NodeState.RUNNING:
             return
+        if hosted == self._hosted:
+            log.warning("pipelines move: now applying %s (generation %d)", pipelines, cmap.generation)
+            self._running = pipelines
+            threading.Thread(target=self.runner.reassign, args=(hosted,), name="reassign", daemon=True).start()
+            return
+        self._running = pipelines
         log.warning("partitions move: now hosting %s (generation %d)", hosted, cmap.generation)
         self._hosted = hosted
         threading.Thread(target=self.runner.reassign, args=(hosted,), name="reassign", daemon=True).start()
