@@ -358,21 +358,10 @@ class Node:
         return "standby" if owners is not None and owners.active != self.settings.node_id else "active"
 
     def _pipeline_role(self, topic: str, partition: int) -> str:
-        """Return "active" when this node runs the pipeline of a hosted partition (and writes its changelog), else
-        "standby" (it follows the changelog): the map's active copy, or, while the active is down, the first standby
-        that is not — so a partition whose active died keeps being applied, from the offsets its changelog carries.
-        """
-        if self.membership is None:
-            return "active"
-        cmap = self.membership.current()
-        owners = cmap.owners_of(topic, partition)
-        if owners.active is None or owners.active == self.settings.node_id:
-            return "active"
-        if owners.active in cmap.down:
-            live = [node for node in owners.standbys if node not in cmap.down]
-            if live and live[0] == self.settings.node_id:
-                return "active"
-        return "standby"
+        """Return "active" when this node is the map's active copy of a hosted partition (it writes the changelog),
+        else "standby". A standby is not promoted while its active is down: a peer is marked down on one failed
+        request, and two writers fence each other in turn (seen at cluster start), so only the map moves writers."""
+        return self._role(topic, partition)
 
     def _pipelines(self, hosted: Mapping[str, list[int]]) -> dict[str, list[int]]:
         """Return the hosted partitions this node runs the pipeline of."""

@@ -77,7 +77,9 @@ class RunnerSettings:
     trigger_interval: str = "0 seconds"
     source: str = "kafka"  # Spark's JVM connector (its jars in the session), or "iqkafka": the Python Data Source
     rebuild_lost: bool = False  # rebuild a partition whose unapplied records Kafka deleted (else: DATA_LOST)
-    changelog: bool = True  # batches go to the changelog topics; copies restore from them, standbys follow them
+    changelog: bool = True  # batches go to the changelog topics; copies restore from them
+    # standbys apply the changelog instead of running the pipeline (False: they run it, writing nothing to it)
+    follow_changelog: bool = False
 
     def __post_init__(self) -> None:
         if self.source not in ("iqkafka", "kafka"):
@@ -224,7 +226,13 @@ class StreamRunner:
 
     def followed(self, topic: str, partition: int) -> bool:
         """Return whether this node keeps partition by following its changelog (a standby's copy)."""
-        return self.logged(topic) and self.role(topic, partition) == "standby"
+        return self.settings.follow_changelog and self.writes_changelog(topic, partition) is False
+
+    def writes_changelog(self, topic: str, partition: int) -> bool | None:
+        """Return whether this node writes partition's changelog (its active copy); None: topic keeps none."""
+        if not self.logged(topic):
+            return None
+        return self.role(topic, partition) == "active"
 
     def start(self, assignment: Assignment) -> None:
         """Open the assigned partitions' databases and start one query per topic over the ones it is active for."""
@@ -272,9 +280,11 @@ class StreamRunner:
             stores = kept or self.state_dir.open(topic, partition, self.app.specs(topic))
             open_now[partition] = stores
             stores.db.topic_partitions(self.app.topic(topic).partitions)  # refuses stores built for another count
-            if self.logged(topic):  # fence the last writer first: a rebuild below resets the changelog
+            if self.writes_changelog(topic, partition):  # fence the last writer first: a rebuild resets it
                 assert self.changelogs is not None  # noqa: S101 - logged() says so
                 self.changelogs.writer(topic).take_over(partition)
+            elif self.changelogs is not None and self.logged(topic):
+                self.changelogs.writer(topic).release(partition)  # a standby running the pipeline writes none
             if kept is None and horizon is not None:
                 stores = self._tombstones_kept(stores, horizon)
             if self.logged(topic):
@@ -316,7 +326,7 @@ class StreamRunner:
         """
         db = stores.db
         reset = None
-        if self.logged(db.topic):
+        if self.writes_changelog(db.topic, db.partition):
             assert self.changelogs is not None  # noqa: S101 - logged() says so
             reset = self.changelogs.writer(db.topic).reset(db, start)
         db.delete()
@@ -375,6 +385,7 @@ class StreamRunner:
             change_feed=self.change_feed,
             offset_log=OffsetLog(checkpoint / "offsets", topic, starting),
             changelog=self.changelogs.writer(topic) if self.changelogs is not None and self.logged(topic) else None,
+            logged=[p for p in owned if self.writes_changelog(topic, p)],
         )
         self._sinks.append(sink)
         options = source_options(self.settings, topic, owned, starting)

@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,6 +231,7 @@ class StoreSink:
         change_feed: ChangeFeed | None = None,
         offset_log: OffsetLog | None = None,
         changelog: ChangelogWriter | None = None,
+        logged: Iterable[int] | None = None,
     ) -> None:
         """Args:
         tables: the partitions this node hosts of a topic, now: where joined tables are read (streaming.joins).
@@ -238,6 +239,7 @@ class StoreSink:
         offset_log: the query's offset log, where each batch's end offsets are read (None: offsets move past the
             last record of each partition's slice only).
         changelog: where each partition's batch is sent, in one transaction, before it is written locally.
+        logged: the partitions whose batches go to changelog (this node's active copies; None: every partition).
         """
         self.app = app
         self.topic = topic
@@ -250,6 +252,7 @@ class StoreSink:
         self.change_feed = change_feed
         self.offset_log = offset_log
         self.changelog = changelog
+        self.logged = None if logged is None else frozenset(logged)
         self._decoder: Decoder | None = None  # built on the first batch, as the partials plan
         self._plan = PartialsPlan(self.stores, self.tasks)
         self._placements: dict[Any, Placement] = {}  # key -> where each partitioner puts it
@@ -340,7 +343,7 @@ class StoreSink:
             tx = stores.db.begin(start, end)
             if tx is None:
                 continue
-            if self.changelog is not None:
+            if self.changelog is not None and (self.logged is None or partition in self.logged):
                 tx.publish = functools.partial(self.changelog.publish, partition)
             if batch.last_offset < 0:  # offsets without a record (markers, aborted or compacted away): the offset
                 tx.commit()  # alone, in its own WriteBatch

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import ConfigResource, ResourceType
 
 from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.broker import free_port
@@ -360,8 +361,14 @@ def test_create_topics_makes_inputs_and_the_dead_letter_topic_once(broker: Kafka
     suffix = time.monotonic_ns()
     app = build_app(f"orders-{suffix}", 4, KafkaSettings(dead_letter_topic=f"dead-{suffix}"))
     config = {"bootstrap.servers": broker.bootstrap_servers}
-    assert create_topics(config, app) == {f"orders-{suffix}": 4, f"dead-{suffix}": 1}
+    from iqgraph.streaming.changelog import changelog_topic
+
+    changelog = changelog_topic(app.name, f"orders-{suffix}")
+    assert create_topics(config, app) == {f"orders-{suffix}": 4, f"dead-{suffix}": 1, changelog: 4}
     assert create_topics(config, app) == {}
+    described = broker.admin().describe_configs([ConfigResource(ResourceType.TOPIC, changelog)])
+    config_of = next(iter(described.values())).result(timeout=10)
+    assert config_of["cleanup.policy"].value == "compact", "a changelog is compacted: retention never deletes state"
 
 
 @pytest.mark.slow

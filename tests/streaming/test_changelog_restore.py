@@ -121,7 +121,9 @@ def test_copies_built_after_retention_answer_what_the_older_copy_answers(
         caught_up(wiped, topic)
         assert dump(wiped.partitions[topic]) == truth
         # a new standby (no pipeline: it follows the changelog) is equal too, and keeps following new batches
-        standby = runner_on(app, spark, tmp_path / "standby", bootstrap, role=lambda t, p: roles["role"])
+        standby = runner_on(
+            app, spark, tmp_path / "standby", bootstrap, role=lambda t, p: roles["role"], follow_changelog=True
+        )
         assert standby.follower is not None and len(standby.follower.followed()) == PARTITIONS
         wait_equal(lambda: truth, lambda: dump(standby.partitions[topic]) if standby else {})
         produce(bootstrap, topic, orders(2, 1_000))
@@ -147,7 +149,7 @@ def test_copies_built_after_retention_answer_what_the_older_copy_answers(
     finally:
         standby.stop()
     # and a copy built from the changelog now equals the promoted one
-    last = runner_on(app, spark, tmp_path / "last", bootstrap, role=lambda t, p: "standby")
+    last = runner_on(app, spark, tmp_path / "last", bootstrap, role=lambda t, p: "standby", follow_changelog=True)
     try:
         wait_equal(lambda: promoted, lambda: dump(last.partitions[topic]))
     finally:
