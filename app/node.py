@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SLOW_START_S = 10.0  # a node ready later than this says where the time went
+PROMOTE_AFTER_S = 5.0  # a partition's active down this long: its first live standby runs the pipeline
 Progress = Callable[[str], None]
 
 
@@ -96,6 +97,7 @@ class Node:
         self.live: Live | None = None
         self._hosted: dict[str, list[int]] = {}
         self._running: dict[str, list[int]] = {}  # the hosted partitions whose pipeline runs here
+        self._down_since: dict[str, float] = {}  # peer -> time.monotonic() it was first seen down
         self.metrics = NodeMetrics(self._members, self._node_info, lambda: self.state.value, self._live_stats)
 
     def _members(self) -> Mapping[str, Member]:
@@ -358,10 +360,39 @@ class Node:
         return "standby" if owners is not None and owners.active != self.settings.node_id else "active"
 
     def _pipeline_role(self, topic: str, partition: int) -> str:
-        """Return "active" when this node is the map's active copy of a hosted partition (it writes the changelog),
-        else "standby". A standby is not promoted while its active is down: a peer is marked down on one failed
-        request, and two writers fence each other in turn (seen at cluster start), so only the map moves writers."""
-        return self._role(topic, partition)
+        """Return "active" when this node runs the pipeline of a hosted partition and writes its changelog, else
+        "standby" (it follows the changelog). The map's active copy runs it; while the active has been down for
+        PROMOTE_AFTER_S, its first live standby does, from the offsets its changelog position carries. Not at once:
+        a peer is marked down on one failed request, and two writers taking the changelog over fence each other.
+        """
+        if self.membership is None:
+            return "active"
+        cmap = self.membership.current()
+        owners = cmap.owners_of(topic, partition)
+        if owners.active is None or owners.active == self.settings.node_id:
+            return "active"
+        since = self._down_since.get(owners.active)
+        if owners.active in cmap.down and since is not None and time.monotonic() - since >= PROMOTE_AFTER_S:
+            live = [node for node in owners.standbys if node not in cmap.down]
+            if live and live[0] == self.settings.node_id:
+                return "active"
+        return "standby"
+
+    def _track_down(self, cmap: ClusterMap) -> None:
+        """Note since when each peer is down; look at the pipelines again once one has been down PROMOTE_AFTER_S."""
+        now = time.monotonic()
+        for node in cmap.down:
+            if node not in self._down_since:
+                self._down_since[node] = now
+                timer = threading.Timer(PROMOTE_AFTER_S + 0.1, self._look_again)
+                timer.daemon = True
+                timer.start()
+        for node in [n for n in self._down_since if n not in cmap.down]:
+            del self._down_since[node]
+
+    def _look_again(self) -> None:
+        if self.membership is not None:
+            self._on_new_map(self.membership.current())
 
     def _pipelines(self, hosted: Mapping[str, list[int]]) -> dict[str, list[int]]:
         """Return the hosted partitions this node runs the pipeline of."""
@@ -372,7 +403,8 @@ class Node:
         return with_joined_tables(cmap.hosted_partitions(self.settings.node_id), self.app.copartitioned_joins())
 
     def _on_new_map(self, cmap: ClusterMap) -> None:
-        """Restart the streaming queries when the partitions this node hosts change."""
+        """Restart the streaming queries when the partitions hosted here, or those whose pipeline runs here, change."""
+        self._track_down(cmap)
         hosted = {t: sorted(ps) for t, ps in self._hosted_in(cmap).items()}
         pipelines = self._pipelines(hosted)
         unchanged = hosted == self._hosted and pipelines == self._running
@@ -455,6 +487,7 @@ class Node:
             source=self.settings.kafka_source,
             rebuild_lost=self.settings.rebuild_lost_partitions,
             changelog=self.settings.changelog,
+            follow_changelog=self.settings.changelog,  # standbys follow it; a promoted one runs the pipeline
         )
 
     def ready(self, info: NodeInfo | None = None) -> bool:

@@ -23,7 +23,7 @@ Targets (printed, not asserted; the ingest issue): steady ingest ≥ 100,000 eve
 consume rate, produce → visible p50 ≤ 250 ms and p99 ≤ 500 ms at light load.
 
 Usage: ``make bench-ingest`` or ``.venv/bin/python bench/ingest.py [--events N] [--max-records-per-batch M]
-[--source kafka,iqkafka]``.
+[--source kafka,iqkafka]``; ``--source kafka,kafka+changelog=off`` measures the changelog's cost side by side.
 Run it from the repository root: Spark's Python workers import ``streaming`` from the working directory.
 """
 
@@ -553,13 +553,16 @@ def run_source(
     source: str, app: App, spark: Any, state: Path, args: argparse.Namespace, bootstrap: str, sink: SinkTimes
 ) -> tuple[Ingest, Latency]:
     """Ingest the topic from empty stores with one source, then measure latency under light load."""
-    name, *own = source.split("+")  # a source's own settings: kafka+fetch.wait.max.ms=500
+    name, *own = source.split("+")  # a source's own settings: kafka+fetch.wait.max.ms=500, kafka+changelog=off
+    config = dict(item.split("=", 1) for item in [*args.kafka, *own])
+    changelog = config.pop("changelog", "on") != "off"  # the changelog topics (issue 41): on by default
     settings = RunnerSettings(
         bootstrap,
-        kafka_config=dict(item.split("=", 1) for item in [*args.kafka, *own]),
+        kafka_config=config,
         max_records_per_batch=args.max_records_per_batch,
         trigger_interval=args.trigger,
         source=name,
+        changelog=changelog,
     )
     sink.batches.clear()  # batch ids start again at 0 with each query
     runner = StreamRunner(app, spark, StateDirectory(state, app.name), settings)

@@ -51,7 +51,12 @@ from iqgraph.streaming.kafka_offsets import KafkaOffsets
 log = logging.getLogger(__name__)
 
 #: The changelog topics' configuration (Kafka Streams' changelogs: compacted; no time retention).
-CHANGELOG_CONFIG = {"cleanup.policy": "compact"}
+CHANGELOG_CONFIG = {
+    "cleanup.policy": "compact",
+    # closed segments are what the cleaner compacts: 32 MiB segments (not 1 GiB) keep a restore close to the state
+    "segment.bytes": str(32 << 20),
+    "segment.ms": str(3_600_000),
+}
 RESTORE_CHUNK = 20_000  # records per WriteBatch while restoring (not served: batches need not be whole)
 TRANSACTION_TIMEOUT_S = 30.0
 
@@ -388,7 +393,9 @@ class ChangelogFollower:
     """Standby copies kept by applying their changelogs: one consumer thread over every followed partition.
 
     A copy restores in bulk while RESTORING (chunks, not served) up to the changelog's stable end seen when it was
-    added, turns RUNNING, and from then on applies each batch whole, when the batch's last record arrives.
+    added, and turns RUNNING once it is there AND has applied the input topic up to its end as it was then (what a
+    copy running the pipeline waits for too: a changelog still empty at a cluster's start is no state to serve); from
+    then on it applies each batch whole, when the batch's last record arrives.
     """
 
     def __init__(self, changelogs: Changelogs) -> None:
@@ -396,23 +403,26 @@ class ChangelogFollower:
         self._lock = threading.Lock()
         self._followed: dict[tuple[str, int], tuple[str, PartitionStores]] = {}  # changelog tp -> (topic, stores)
         self._targets: dict[tuple[str, int], int] = {}
+        self._source_targets: dict[tuple[str, int], int] = {}  # the input topic's end offset when followed
         self._pending: dict[tuple[str, int], list[Record]] = {}
         self._assigned: set[tuple[str, int]] = set()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.applied_batches = 0
 
-    def follow(self, topic: str, stores: PartitionStores) -> None:
-        """Start following stores' changelog partition (the copy is RESTORING until it caught up)."""
+    def follow(self, topic: str, stores: PartitionStores, source_end: int = 0) -> None:
+        """Start following stores' changelog partition (a new copy is RESTORING until it caught up with the
+        changelog and with source_end, the input partition's end offset now)."""
         tp = (self.changelogs.topic(topic), stores.db.partition)
         target = self.changelogs.end_offsets(topic, [stores.db.partition])[stores.db.partition]
-        stores.db.set_state(PartitionState.RESTORING)
+        if stores.db.state is not PartitionState.RUNNING:  # a copy RUNNING already (an active demoted) stays so:
+            stores.db.set_state(PartitionState.RESTORING)  # its data is whole batches; its lag says how stale
         with self._lock:
             self._followed[tp] = (topic, stores)
             self._targets[tp] = target
+            self._source_targets[tp] = source_end
             self._pending[tp] = []
-            if changelog_next(stores.db) >= target:
-                stores.db.set_state(PartitionState.RUNNING)
+            self._caught_up(tp, stores, changelog_next(stores.db))
         RESTORES[tp] = RestoreProgress(topic, stores.db.partition, changelog_next(stores.db), target)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="changelog-follower", daemon=True)
@@ -496,16 +506,17 @@ class ChangelogFollower:
                 apply_records(stores.db, pending, message.offset() + 1)
                 self._pending[tp] = []
                 self.applied_batches += 1
-                if message.offset() + 1 >= self._targets.get(tp, 0):
-                    self._caught_up(tp, stores, message.offset() + 1)
+                self._caught_up(tp, stores, message.offset() + 1)
 
     def _caught_up(self, tp: tuple[str, int], stores: PartitionStores, offset: int) -> None:
-        """Turn a restoring copy RUNNING once it applied every whole batch up to its target."""
-        if stores.db.state is PartitionState.RESTORING and offset >= self._targets.get(tp, 0):
-            pending = self._pending.get(tp)
-            if pending:
-                apply_records(stores.db, pending, offset)
-                self._pending[tp] = []
+        """Turn a restoring copy RUNNING once it applied every whole batch up to its targets (the lock is held)."""
+        if stores.db.state is not PartitionState.RESTORING or offset < self._targets.get(tp, 0):
+            return
+        pending = self._pending.get(tp)
+        if pending:
+            apply_records(stores.db, pending, offset)
+            self._pending[tp] = []
+        if stores.db.next_offset() >= self._source_targets.get(tp, 0):
             stores.db.set_state(PartitionState.RUNNING)
             log.info("%s-%s: standby caught up with its changelog at offset %d", tp[0], tp[1], offset)
 

@@ -259,6 +259,7 @@ class StreamRunner:
         open_now = self.partitions.setdefault(topic, {})
         already = set(self.follower.followed())
         writer = self.changelogs.writer(topic)
+        ends = self.offsets(topic).latest(followed)
         for partition in followed:
             writer.release(partition)  # an active copy demoted: it writes the changelog no more
             if (topic, partition) in already:
@@ -266,7 +267,7 @@ class StreamRunner:
             stores = open_now.get(partition) or self.state_dir.open(topic, partition, self.app.specs(topic))
             open_now[partition] = stores
             stores.db.topic_partitions(self.app.topic(topic).partitions)
-            self.follower.follow(topic, stores)
+            self.follower.follow(topic, stores, ends[partition])
 
     def _open(self, topic: str, owned: list[int]) -> None:
         open_now = self.partitions.setdefault(topic, {})
