@@ -28,7 +28,7 @@ from iqgraph.stores.spec import BloomSpec, StoreKind
 
 SNAPSHOT_KEY = b"snapshot"  # the whole snapshot, as databases written before pages hold it
 PAGES_KEY = b"pages"  # the snapshot's length in bytes (int64): its pages are page<0>..page<n-1>
-PAGE_BYTES = 4096
+PAGE_BYTES = 256  # a batch of 10 keys changes ~48 of a 60 KB filter's 240 pages (docs/benchmarks.md)
 
 
 def page_key(index: int) -> bytes:
