@@ -286,11 +286,11 @@ class StreamRunner:
                 self.changelogs.writer(topic).take_over(partition)
             elif self.changelogs is not None and self.logged(topic):
                 self.changelogs.writer(topic).release(partition)  # a standby running the pipeline writes none
-            if kept is None and horizon is not None:
-                stores = self._tombstones_kept(stores, horizon)
             if self.logged(topic):
                 assert self.changelogs is not None  # noqa: S101 - logged() says so
                 self.changelogs.restore(topic, stores)
+            if kept is None and horizon is not None:  # after the restore: a changelog last written before the
+                stores = self._tombstones_kept(stores, horizon)  # horizon may miss purged deletes as a disk may
             open_now[partition] = stores = self._from_log_start(stores, earliest[partition])
             stores.db.topic_partitions(self.app.topic(topic).partitions)  # recorded anew in rebuilt stores
             self._targets[(topic, partition)] = ends[partition]
