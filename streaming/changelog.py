@@ -361,6 +361,7 @@ class Changelogs:
 def _read_to(consumer: Consumer, stores: PartitionStores, progress: RestoreProgress, stop: Callable[[], bool]) -> None:
     """Consume and apply until the consumer is at progress.target (or the end of what it may read)."""
     pending: list[Record] = []
+    running = stores.db.state is PartitionState.RUNNING  # a promoted standby reading its tail keeps serving
     last_logged = time.monotonic()
     while progress.position < progress.target and not stop():
         messages = consumer.consume(10_000, timeout=0.5)
@@ -377,7 +378,8 @@ def _read_to(consumer: Consumer, stores: PartitionStores, progress: RestoreProgr
             pending.append((key, value))
             progress.bytes += len(key or b"") + len(value or b"")
             progress.position = message.offset() + 1
-        if len(pending) >= RESTORE_CHUNK or (pending and (at_end or progress.position >= progress.target)):
+        whole = not running or (bool(pending) and is_batch_end(pending[-1][0]))  # a served copy sees whole batches
+        if (len(pending) >= RESTORE_CHUNK and whole) or (pending and (at_end or progress.position >= progress.target)):
             progress.records += apply_records(stores.db, pending, progress.position)
             pending = []
         if at_end:
