@@ -109,23 +109,16 @@ class Node:
     def _client_config(self) -> dict[str, str]:
         return {**self.app.kafka.config, **self.settings.kafka, "bootstrap.servers": self.bootstrap_servers}
 
-    def _create_topics(self, progress: Progress) -> None:
-        """Create the app's missing topics (``--create-topics``); production topics are provisioned instead."""
+    def _create_topics(self, progress: Progress, changelogs: bool = False) -> None:
+        """Create the app's missing topics (``--create-topics``; production topics are provisioned instead), or only
+        its changelog topics (``changelogs``: at every start, streaming.changelog)."""
+        create, hint = (create_changelog_topics, "; --no-changelog keeps none") if changelogs else (create_topics, "")
         try:
-            created = create_topics(self._client_config(), self.app)
+            created = create(self._client_config(), self.app)
         except TopicCreationError as exc:
-            raise NodeStartError(f"{exc} (Kafka at {self.bootstrap_servers})") from None
+            raise NodeStartError(f"{exc} (Kafka at {self.bootstrap_servers}{hint})") from None
         for name, partitions in created.items():
-            progress(f"created topic {name} ({partitions} partitions)")
-
-    def _create_changelog_topics(self, progress: Progress) -> None:
-        """Create the app's changelog topics that Kafka does not have yet (streaming.changelog)."""
-        try:
-            created = create_changelog_topics(self._client_config(), self.app)
-        except TopicCreationError as exc:
-            raise NodeStartError(f"{exc} (Kafka at {self.bootstrap_servers}; --no-changelog keeps none)") from None
-        for name, partitions in created.items():
-            progress(f"created changelog topic {name} ({partitions} partitions, compacted)")
+            progress(f"created {'changelog topic' if changelogs else 'topic'} {name} ({partitions} partitions)")
 
     def check_topics(self) -> dict[str, list[int]]:
         """Return every topic's partitions; raise NodeStartError if Kafka or a topic is not as declared."""
@@ -185,7 +178,7 @@ class Node:
         progress(f"checking Kafka at {self.bootstrap_servers}")
         self.check_topics()
         if self.settings.changelog:
-            self._create_changelog_topics(progress)
+            self._create_topics(progress, changelogs=True)
         try:
             for topic, partition in state_dir.partitions_on_disk():
                 state_dir.check_unlocked(topic, partition)

@@ -16,7 +16,7 @@ WriteBatch as what it applied; that key is local and never sent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from rocksdict import WriteBatch
 
@@ -105,8 +105,3 @@ def apply_records(db: PartitionDB, records: Iterable[Record], next_changelog_off
     batch.put(CHANGELOG_NEXT_KEY, encode_int64(next_changelog_offset), db.handle(META_CF))
     db.write_restored(batch)
     return written
-
-
-def families_of(records: Sequence[Record]) -> set[str]:
-    """Return the column families records touch."""
-    return {split_key(key)[0] for key, _ in records}

@@ -410,7 +410,6 @@ class ChangelogFollower:
         self._assigned: set[tuple[str, int]] = set()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        self.applied_batches = 0
 
     def follow(self, topic: str, stores: PartitionStores, source_end: int = 0) -> None:
         """Start following stores' changelog partition (a new copy is RESTORING until it caught up with the
@@ -507,7 +506,6 @@ class ChangelogFollower:
             if is_batch_end(message.key()):
                 apply_records(stores.db, pending, message.offset() + 1)
                 self._pending[tp] = []
-                self.applied_batches += 1
                 self._caught_up(tp, stores, message.offset() + 1)
 
     def _caught_up(self, tp: tuple[str, int], stores: PartitionStores, offset: int) -> None:
@@ -532,8 +530,3 @@ class ChangelogFollower:
                     position = progress.position if progress is not None else changelog_next(stores.db)
                     apply_records(stores.db, pending, position)
                     self._pending[tp] = []
-
-
-def changelog_lag(end_offsets: Mapping[int, int], stores: Mapping[int, PartitionStores]) -> dict[int, int]:
-    """Return, per partition, how many changelog offsets a copy is behind its changelog's stable end."""
-    return {p: max(end_offsets.get(p, 0) - changelog_next(s.db), 0) for p, s in stores.items()}
