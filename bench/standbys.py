@@ -18,15 +18,23 @@ One run, all on this machine, against one embedded Apache Kafka broker:
 5. per setting: each node's CPU for the ingest, the cluster's total, and the ratio with standbys / without; the
    last line one JSON object with every figure.
 
+What one standby costs, measured directly (the two-node totals above differ by less than their run-to-run noise):
+in the run without standbys, a third process follows the six partitions' changelogs the way a standby node does
+(``ChangelogFollower`` over fresh ``PartitionStores``, no Spark), started before the orders are produced and
+stopped once it applied every batch; its CPU seconds (every thread: librdkafka's fetchers, the decoding, RocksDB's
+writes) per event, divided by the active nodes' CPU seconds per event, is a standby's cost in an active's terms.
+
 Usage: ``.venv/bin/python bench/standbys.py [--events N] [--standbys 0,1] [--rate R] [--seconds S]`` (~2 minutes
-per setting).
+per setting). ``bench/standbys.py follow HOME MODULE TOPIC EVENTS`` is the follower process (run by the bench).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +49,9 @@ sys.path.insert(0, str(ROOT))
 from bench.cluster import FIELD as COUNT_FIELD  # noqa: E402
 from bench.cluster import GET_MANY, Client, produce_orders, stop_nodes  # noqa: E402
 from bench.ingest import _proc_stat, latency_events, percentile, visible_after_produce  # noqa: E402
+from iqgraph.stores import PartitionStores, StateDirectory  # noqa: E402
 from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
+from iqgraph.streaming.changelog import ChangelogFollower, Changelogs  # noqa: E402
 from tests.support.nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
 
 PARTITIONS = 6
@@ -82,6 +92,29 @@ def caught_up(client: Client, nodes: list[NodeProcess], topic: str, events: int,
     return sum(ends.values()) == events and all(a >= e for view in views for a, e in view.values())
 
 
+def follow(home: Path, module: str, topic: str, events: int, timeout: float = 600.0) -> int:
+    """Follow every partition's changelog of module's app as a standby node does until events are applied; print
+    the follower's own CPU seconds and the seconds it took as JSON (the standby's side of the bench)."""
+    sys.path.insert(0, str(home))
+    app = importlib.import_module(module).app
+    changelogs = Changelogs({"bootstrap.servers": app.kafka.bootstrap_servers}, app.name)
+    follower = ChangelogFollower(changelogs)
+    state = StateDirectory(home / "follower-state", app.name)
+    copies: list[PartitionStores] = [state.open(topic, p, app.specs(topic)) for p in range(PARTITIONS)]
+    for stores in copies:
+        follower.follow(topic, stores)
+    started, deadline = time.perf_counter(), time.monotonic() + timeout
+    while sum(stores.db.next_offset() for stores in copies) < events:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the follower did not apply every batch")
+        time.sleep(0.05)
+    took = time.perf_counter() - started
+    follower.stop()
+    cpu = os.times()
+    print(json.dumps({"cpu_s": round(cpu.user + cpu.system, 2), "seconds": round(took, 1)}), flush=True)
+    return 0
+
+
 def visible_ms(
     client: Client, url: str, bootstrap: str, topic: str, events: int, rate: float, seconds: float
 ) -> list[float]:
@@ -113,6 +146,10 @@ def run(
     nodes = start_nodes(home, module, NODES, [["--standbys", str(standbys)]] * NODES)
     try:
         wait_ready(nodes)
+        follower = None
+        if standbys == 0:  # a standby's work alone, in a process of its own (see the module's docstring)
+            command = [sys.executable, __file__, "follow", str(home), module, topic, str(events)]
+            follower = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)  # noqa: S603
         time.sleep(5)  # the nodes' start-up CPU settles
         before = [tree_cpu(node.process.pid) for node in nodes]
         started = time.perf_counter()
@@ -124,15 +161,26 @@ def run(
             time.sleep(0.5)
         took = time.perf_counter() - started
         cpu = [round(tree_cpu(node.process.pid) - b, 1) for node, b in zip(nodes, before, strict=True)]
+        followed = json.loads(follower.communicate(timeout=timeout)[0].splitlines()[-1]) if follower else None
         light = visible_ms(client, nodes[0].url, broker.bootstrap_servers, topic, events, rate, seconds)
     finally:
         stop_nodes(nodes)
+    standby = None
+    if followed is not None:
+        active_per_event, standby_per_event = sum(cpu) / events, followed["cpu_s"] / events
+        standby = {
+            "follower_cpu_s": followed["cpu_s"],
+            "active_us_per_event": round(active_per_event * 1e6, 1),
+            "standby_us_per_event": round(standby_per_event * 1e6, 1),
+            "standby_to_active": round(standby_per_event / active_per_event, 3),
+        }
     return {
         "standbys": standbys,
         "seconds": round(took, 1),
         "events_per_s": round(events / took),
         "node_cpu_s": cpu,
         "total_cpu_s": round(sum(cpu), 1),
+        "standby_cost": standby,
         "light_load": {
             "rate": rate,
             "orders": len(light),
@@ -143,6 +191,9 @@ def run(
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["follow"]:
+        home, module, topic, events = sys.argv[2:6]
+        sys.exit(follow(Path(home), module, topic, int(events)))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--standbys", default="0,1", help="the settings to measure, in order, comma-separated")
@@ -165,6 +216,13 @@ def main() -> None:
             f"(× {ratio} of no standbys); produce → visible at {args.rate:g}/s p50 {r['light_load']['p50_ms']} ms, "
             f"p99 {r['light_load']['p99_ms']} ms"
         )
+        if r["standby_cost"]:
+            c = r["standby_cost"]
+            print(
+                f"one standby of every partition (a changelog follower, {c['follower_cpu_s']} CPU s): "
+                f"{c['standby_us_per_event']} µs CPU per event against the actives' {c['active_us_per_event']} µs: "
+                f"{c['standby_to_active']} of an active"
+            )
     print(json.dumps({"events": args.events, "partitions": PARTITIONS, "nodes": NODES, "runs": runs}))
 
 
