@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from rocksdict import WriteBatch
+from rocksdict import ColumnFamily, WriteBatch
 
 from iqgraph.stores.codecs import decode_int64, encode_int64
 from iqgraph.stores.partition import META_CF, NEXT_OFFSET_KEY, PartitionDB, PartitionTransaction
@@ -89,7 +89,7 @@ def apply_records(db: PartitionDB, records: Iterable[Record], next_changelog_off
     """
     batch = WriteBatch(raw_mode=True)
     written = 0
-    handles = {}
+    handles: dict[str, ColumnFamily] = {}
     for key, value in records:
         family, inner = split_key(key)
         handle = handles.get(family)

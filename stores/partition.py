@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import cast
 
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch
 
@@ -334,7 +335,7 @@ class PartitionDB:
         families = {META_CF} | {cf for spec in self.specs.values() for cf in spec.column_families}
         for family in sorted(families):
             for key in self.family(family).keys():
-                yield family, key
+                yield family, cast(bytes, key)  # raw mode: every key is bytes
 
     def write_restored(self, batch: WriteBatch) -> None:
         """Write batch atomically as it came from the changelog (``stores.changelog``): whole batches of another

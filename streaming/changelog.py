@@ -53,9 +53,13 @@ log = logging.getLogger(__name__)
 #: The changelog topics' configuration (Kafka Streams' changelogs: compacted; no time retention).
 CHANGELOG_CONFIG = {
     "cleanup.policy": "compact",
-    # closed segments are what the cleaner compacts: 32 MiB segments (not 1 GiB) keep a restore close to the state
-    "segment.bytes": str(32 << 20),
+    # A restore reads the cleaned segments (about one record per entry), the dirty ones and the active segment.
+    # The cleaner compacts closed segments only: 1 MiB segments (not 1 GiB; ~70,000 lz4 records) or an hour bound
+    # what a restore reads uncompacted at the tail, and cleaning once 20 % of the log is dirty (not 50 %) bounds the
+    # rest to 1.25x the state. Both are topic settings an operator may change (kafka-configs --alter).
+    "segment.bytes": str(1 << 20),
     "segment.ms": str(3_600_000),
+    "min.cleanable.dirty.ratio": "0.2",
 }
 RESTORE_CHUNK = 20_000  # records per WriteBatch while restoring (not served: batches need not be whole)
 TRANSACTION_TIMEOUT_S = 30.0
@@ -114,6 +118,22 @@ def ensure_changelog_topics(config: Mapping[str, str], app: App, timeout: float 
 
 class ChangelogFencedError(ChangelogError):
     """Another copy took this partition's changelog over: this one must stop writing it."""
+
+
+def _offset(message: Message) -> int:
+    """Return the offset of a consumed message or partition-end event (librdkafka gives every one an offset)."""
+    offset = message.offset()
+    if offset is None:
+        raise KafkaException(KafkaError(KafkaError._BAD_MSG, "a changelog message without an offset"))
+    return offset
+
+
+def _key(message: Message) -> bytes:
+    """Return a changelog record's key (every record iqgraph writes has one)."""
+    key = message.key()
+    if key is None:
+        raise KafkaException(KafkaError(KafkaError._BAD_MSG, "a changelog record without a key"))
+    return key
 
 
 def _consumer(config: Mapping[str, str]) -> Consumer:
@@ -211,7 +231,7 @@ class ChangelogWriter:
             if error is not None:
                 errors.append(error)
             else:
-                offsets.append(message.offset())
+                offsets.append(_offset(message))
 
         try:
             producer.begin_transaction()
@@ -325,11 +345,19 @@ class Changelogs:
             self._writers[topic] = ChangelogWriter(self.config, self.app, topic)
         return self._writers[topic]
 
-    def restore(self, topic: str, stores: PartitionStores, stop: Callable[[], bool] = lambda: False) -> RestoreProgress:
-        """Apply stores' changelog partition from where the stores are up to its last stable offset, in bulk."""
+    def restore(
+        self,
+        topic: str,
+        stores: PartitionStores,
+        stop: Callable[[], bool] = lambda: False,
+        target: int | None = None,
+    ) -> RestoreProgress:
+        """Apply stores' changelog partition from where the stores are up to its last stable offset (or target,
+        read by the caller), in bulk."""
         db = stores.db
         start = changelog_next(db)
-        target = self.end_offsets(topic, [db.partition])[db.partition]
+        if target is None:
+            target = self.end_offsets(topic, [db.partition])[db.partition]
         progress = RestoreProgress(topic, db.partition, start, target, position=start)
         RESTORES[(self.topic(topic), db.partition)] = progress
         if start >= target:
@@ -371,13 +399,13 @@ def _read_to(consumer: Consumer, stores: PartitionStores, progress: RestoreProgr
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     at_end = True
-                    progress.position = max(progress.position, message.offset())
+                    progress.position = max(progress.position, _offset(message))
                     continue
                 raise KafkaException(error)
-            key, value = message.key(), message.value()
+            key, value = _key(message), message.value()
             pending.append((key, value))
-            progress.bytes += len(key or b"") + len(value or b"")
-            progress.position = message.offset() + 1
+            progress.bytes += len(key) + len(value or b"")
+            progress.position = _offset(message) + 1
         whole = not running or (bool(pending) and is_batch_end(pending[-1][0]))  # a served copy sees whole batches
         if (len(pending) >= RESTORE_CHUNK and whole) or (pending and (at_end or progress.position >= progress.target)):
             progress.records += apply_records(stores.db, pending, progress.position)
@@ -481,7 +509,7 @@ class ChangelogFollower:
 
     def _take(self, message: Message) -> None:
         error = message.error()
-        tp = (message.topic(), message.partition())
+        tp = (message.topic() or "", message.partition() or 0)
         with self._lock:
             followed = self._followed.get(tp)
             if followed is None:
@@ -490,23 +518,25 @@ class ChangelogFollower:
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     progress = RESTORES.get(tp)
+                    end = _offset(message)
                     if progress is not None:  # the changelog's end as last seen: a standby's lag in its terms
-                        progress.target = max(progress.target, message.offset())
-                        progress.position = max(progress.position, message.offset())
-                    self._caught_up(tp, stores, message.offset())
+                        progress.target = max(progress.target, end)
+                        progress.position = max(progress.position, end)
+                    self._caught_up(tp, stores, end)
                     return
                 raise KafkaException(error)
+            key, value, after = _key(message), message.value(), _offset(message) + 1
             pending = self._pending[tp]
-            pending.append((message.key(), message.value()))
+            pending.append((key, value))
             progress = RESTORES.get(tp)
             if progress is not None:
                 progress.records += 1
-                progress.bytes += len(message.key() or b"") + len(message.value() or b"")
-                progress.position = message.offset() + 1
-            if is_batch_end(message.key()):
-                apply_records(stores.db, pending, message.offset() + 1)
+                progress.bytes += len(key) + len(value or b"")
+                progress.position = after
+            if is_batch_end(key):
+                apply_records(stores.db, pending, after)
                 self._pending[tp] = []
-                self._caught_up(tp, stores, message.offset() + 1)
+                self._caught_up(tp, stores, after)
 
     def _caught_up(self, tp: tuple[str, int], stores: PartitionStores, offset: int) -> None:
         """Turn a restoring copy RUNNING once it applied every whole batch up to its targets (the lock is held)."""
