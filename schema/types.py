@@ -103,6 +103,11 @@ class RelationInfo:
     entity: str
     column: str | None = None
 
+    @property
+    def replaces_column(self) -> bool:
+        """Return whether the relation's field takes its column's place (named alike): the column has no field."""
+        return self.field == self.column
+
 
 @dataclass(frozen=True)
 class EntityInfo:

@@ -18,6 +18,15 @@ parsing and the same rendering — field names camelCase as in the schema, times
 - ``GET /stores/{store}/keys/{key}/metadata``: KeyQueryMetadata with URLs: partition(s), active and standby
   nodes and where they are reached — a proxy can route by key without reimplementing the partitioner.
 
+A value holds every stored column, nested ones too, and nothing computed. A relation named like its column
+(``Relation("customer", "Customer", column="customer")``: its field takes the column's place in GraphQL) is
+rendered as the key the column stores, ``"customer": "customer-0001"``, as if no relation were declared: the
+document reads it as ``customer { key }``, which reads no store (a null column is null; a value the entity's
+key type cannot take is the relation's INVALID_KEY, as in GraphQL). The other fields with arguments are left
+out, each computed from what the value already holds: a relation named apart from its column (``product`` of
+column ``item``: ``item`` is there), a relation of the entries (it follows the entry's ``key`` or ``member``),
+and the entity's own fields beyond a relation. Owner-side fields are root fields: no store's value has one.
+
 A standby's answer has ``extensions.staleness``; ``?positions=true`` adds ``extensions.positions`` (the applied
 offsets read). An error is ``{"errors": [{"message", "extensions": {"code", …}}]}`` with the status of its
 code (``schema.errors.CODES``), and a ``Retry-After`` header when the code says when to retry.
@@ -28,6 +37,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from graphql import GraphQLField, GraphQLObjectType, GraphQLSchema, get_named_type, is_leaf_type
@@ -51,6 +61,7 @@ from iqgraph.stores import Key, StoreError, StoreKind, UnknownStoreError
 
 if TYPE_CHECKING:
     from iqgraph.schema.asgi import GraphQLApp
+    from iqgraph.schema.types import StoreInfo
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +76,8 @@ _NUMBERS = frozenset({"Int", "Long"})  # argument types whose query parameter mu
 
 def rest_routes(queries: ClusterStoreQueries, graphql: GraphQLApp) -> list[Route]:
     """Return the REST routes: GraphQL queries (graphql, the node's public app) written for each request."""
-    documents = Documents(graphql.schema._schema)  # type: ignore[attr-defined] # noqa: SLF001 - graphql-core's schema: the types to select
+    schema = graphql.schema._schema  # type: ignore[attr-defined] # noqa: SLF001 - graphql-core's schema: the types to select
+    documents = Documents(schema, queries.stores())
 
     async def value(request: Request) -> Response:
         async def answer() -> Response:
@@ -140,11 +152,15 @@ class Documents:
     """The GraphQL documents of REST requests: one per (store, field, arguments given), made once.
 
     A document selects every field of what the store's field returns (objects, lists of objects, recursively), so
-    a value comes whole, rendered as GraphQL renders it.
+    a value comes whole, rendered as GraphQL renders it; a relation in its column's place is read as its ``key``.
     """
 
-    def __init__(self, schema: GraphQLSchema) -> None:
+    def __init__(self, schema: GraphQLSchema, stores: Iterable[StoreInfo]) -> None:
         self.schema = schema
+        #: per store, the fields of its value that are relations in their column's place
+        self.columns = {
+            s.name: frozenset(camel_case(r.field) for r in s.relations if r.replaces_column) for s in stores
+        }
 
     @functools.lru_cache(maxsize=1_024)  # noqa: B019 - one per node, for its life
     def document(self, store: str, field: str, arguments: tuple[str, ...]) -> Document:
@@ -158,29 +174,63 @@ class Documents:
         types = {a: str(read.args[a].type) for a in arguments if a in read.args}
         variables = ["$maxLag: Long", *(f"${a}: {t}" for a, t in types.items())]
         args = f"({', '.join(f'{a}: ${a}' for a in types)})" if types else ""
-        text = f"query Rest({', '.join(variables)}) {{ {root}(maxLag: $maxLag) {{ {field}{args}{_selection(read)} }} }}"
-        return Document(text, {a: t.rstrip("!") for a, t in types.items()})
+        selection, keyed = _selection(read, self.columns.get(store, frozenset()))
+        text = f"query Rest({', '.join(variables)}) {{ {root}(maxLag: $maxLag) {{ {field}{args}{selection} }} }}"
+        return Document(text, {a: t.rstrip("!") for a, t in types.items()}, keyed)
 
 
 class Document(NamedTuple):
-    """A REST request's GraphQL query, and the named type of each argument it passes."""
+    """A REST request's GraphQL query, the named type of each argument it passes, and where it reads keys.
+
+    keyed: the path (field names; lists passed through) of each relation read as ``{ key }`` for its column.
+    """
 
     text: str
     types: dict[str, str]
+    keyed: tuple[tuple[str, ...], ...] = ()
+
+    def rendered(self, found: Any) -> Any:
+        """Return found, the field's data, with each keyed relation replaced by its key: the column as stored."""
+        for path in self.keyed:
+            found = _as_key(found, path)
+        return found
 
 
-def _selection(field: GraphQLField, seen: frozenset[str] = frozenset()) -> str:
-    """Return the selection of every field of what field returns that the store holds ("" for a scalar or enum).
+def _selection(
+    field: GraphQLField, columns: frozenset[str], seen: frozenset[str] = frozenset()
+) -> tuple[str, tuple[tuple[str, ...], ...]]:
+    """Return the selection of every field of what field returns that the store holds ("" for a scalar or enum),
+    and the paths of the relations it reads as ``{ key }``.
 
-    Fields with arguments are left out: a relation (``product(maxLag)``) or an owner-side field reads another
-    store or runs code — the REST value is the stored one, as GraphQL renders it.
+    columns: the relations in their column's place (their field named like it), read as ``{ key }``. The other
+    fields with arguments are left out: they read another store or compute from what the value holds.
     """
     named = get_named_type(field.type)
     if is_leaf_type(named):
-        return ""
+        return "", ()
     assert isinstance(named, GraphQLObjectType) and named.name not in seen  # noqa: S101 - values are trees
-    chosen = [f"{name}{_selection(sub, seen | {named.name})}" for name, sub in named.fields.items() if not sub.args]
-    return " { " + " ".join(chosen) + " }"
+    chosen: list[str] = []
+    keyed: list[tuple[str, ...]] = []
+    for name, sub in named.fields.items():
+        if not sub.args:
+            inner, paths = _selection(sub, columns, seen | {named.name})
+            chosen.append(name + inner)
+            keyed += [(name, *path) for path in paths]
+        elif name in columns:
+            chosen.append(f"{name} {{ key }}")
+            keyed.append((name,))
+    return " { " + " ".join(chosen) + " }", tuple(keyed)
+
+
+def _as_key(found: Any, path: tuple[str, ...]) -> Any:
+    """Return found with the entity at path (through lists) replaced by its key; a null stays null."""
+    if isinstance(found, list):
+        return [_as_key(item, path) for item in found]
+    if found is None:
+        return None
+    if not path:
+        return found["key"]
+    return {**found, path[0]: _as_key(found[path[0]], path[1:])}
 
 
 async def _run(
@@ -207,7 +257,7 @@ async def _run(
     if errors:
         raise _Failed(errors[0], dict(response.get("extensions") or {}))
     data: dict[str, Any] = dict(response.get("data") or {})
-    return data[camel_case(store)][field], dict(response.get("extensions") or {})
+    return document.rendered(data[camel_case(store)][field]), dict(response.get("extensions") or {})
 
 
 def _param(name: str, raw: str, declared: str | None) -> Any:

@@ -116,7 +116,7 @@ def value_links(store: StoreInfo, targets: Mapping[str, Target]) -> list[Link]:
             Link(
                 relation.column,
                 name,
-                relation.field == relation.column,
+                relation.replaces_column,
                 partial(_column_relation, name, target, about),
                 _label(store, relation),
             )

@@ -118,12 +118,17 @@ class Example:
         return example_query(self.schema, self.app, sample_keys(self.app, samples))
 
     def selection(self, store: str, *path: str) -> str:
-        """Return the selection of every field of what path (fields from store's type) leads to (written apart from
-        REST's)."""
+        """Return the selection of every field of what path (fields from store's type) leads to, a relation in its
+        column's place as ``{ key }`` (written apart from REST's)."""
         named = get_named_type(self.schema.query_type.fields[camel_case(store)].type)  # type: ignore[union-attr]
         for field in path:
             named = get_named_type(named.fields[field].type)
-        return _every_field(named)
+        return _every_field(named, self.keyed(store))
+
+    def keyed(self, store: str) -> frozenset[str]:
+        """Return the fields of store's value that are relations in their column's place (named like it)."""
+        info = next(s for s in self.queries.stores() if s.name == store)
+        return frozenset(camel_case(r.field) for r in info.relations if r.replaces_column)
 
     def close(self) -> None:
         for partitions in self.hosted.values():
@@ -131,9 +136,13 @@ class Example:
                 stores.close()
 
 
-def _every_field(named: Any) -> str:
+def _every_field(named: Any, keyed: frozenset[str]) -> str:
     if is_leaf_type(named):
         return ""
     assert isinstance(named, GraphQLObjectType)
-    fields = [name + _every_field(get_named_type(f.type)) for name, f in named.fields.items() if not f.args]
+    fields = [
+        name + ("{ key }" if f.args else _every_field(get_named_type(f.type), keyed))
+        for name, f in named.fields.items()
+        if not f.args or name in keyed
+    ]
     return "{ " + " ".join(fields) + " }"

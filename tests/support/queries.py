@@ -9,10 +9,11 @@ import httpx
 from pyspark.sql.types import DataType
 from starlette.applications import Starlette
 
+from iqgraph.app.catalog import entity_infos
 from iqgraph.app.cluster.membership import Member, StaticMembership
 from iqgraph.app.http.rest import rest_routes
 from iqgraph.app.owner.calls import call_many
-from iqgraph.app.owner.runner import OwnerFieldRunner
+from iqgraph.app.owner.runner import OwnerFieldRunner, owner_field_infos
 from iqgraph.app.query.partitions import LocalPartitions
 from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
 from iqgraph.schema import GraphQLApp, Limits, build_schema
@@ -45,9 +46,15 @@ def single_node(
     )
 
 
-def rest_client(queries: Any) -> httpx.AsyncClient:
-    """Return a client of the REST routes of a node answering from queries (through its public GraphQL app)."""
+def rest_client(queries: Any, app: App | None = None) -> httpx.AsyncClient:
+    """Return a client of the REST routes of a node answering from queries (through its public GraphQL app).
+
+    app: the app whose entities and owner-side fields the schema shows too (its relations need its entities).
+    """
     limits = Limits()
-    graphql = GraphQLApp(build_schema(queries.stores(), limits), queries, limits)
+    extra: dict[str, Any] = {}
+    if app is not None:
+        extra = {"entities": entity_infos(app), "owner_fields": owner_field_infos(app)}
+    graphql = GraphQLApp(build_schema(queries.stores(), limits, **extra), queries, limits)
     app = Starlette(routes=rest_routes(queries, graphql))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node")
