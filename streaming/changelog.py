@@ -60,6 +60,10 @@ CHANGELOG_CONFIG = {
     "segment.bytes": str(1 << 20),
     "segment.ms": str(3_600_000),
     "min.cleanable.dirty.ratio": "0.2",
+    # A tombstone (a deleted key, an expired window) is kept an hour after cleaning, not a day: a restore reads the
+    # last hour's deletes, not the last day's. A copy that stopped longer ago than half of it restores in full
+    # (streaming.runner: it could miss a purged delete); readers at the head (standbys) are seconds behind.
+    "delete.retention.ms": str(3_600_000),
 }
 RESTORE_CHUNK = 20_000  # records per WriteBatch while restoring (not served: batches need not be whole)
 TRANSACTION_TIMEOUT_S = 30.0

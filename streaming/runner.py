@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,7 +38,7 @@ from py4j.protocol import Py4JError
 from pyspark.errors import StreamingQueryException
 
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
-from iqgraph.stores.changelog import BATCH_END_KEY, apply_records
+from iqgraph.stores.changelog import BATCH_END_KEY, apply_records, changelog_next
 from iqgraph.stores.codecs import encode_int64
 from iqgraph.streaming.apache_kafka import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError
 from iqgraph.streaming.change_feed import ChangeFeed
@@ -260,11 +261,12 @@ class StreamRunner:
         already = set(self.follower.followed())
         writer = self.changelogs.writer(topic)
         ends = self.offsets(topic).latest(followed)
+        tail_ok = self._tail_readable(topic, [p for p in followed if p not in open_now and (topic, p) not in already])
         for partition in followed:
             writer.release(partition)  # an active copy demoted: it writes the changelog no more
             if (topic, partition) in already:
                 continue
-            stores = open_now.get(partition) or self.state_dir.open(topic, partition, self.app.specs(topic))
+            stores = open_now.get(partition) or tail_ok(self.state_dir.open(topic, partition, self.app.specs(topic)))
             open_now[partition] = stores
             stores.db.topic_partitions(self.app.topic(topic).partitions)
             self.follower.follow(topic, stores, ends[partition])
@@ -274,21 +276,17 @@ class StreamRunner:
         ends = self.offsets(topic).latest(owned)
         earliest = self.offsets(topic).earliest(owned)
         horizon = tombstone_retention_s(self._client_config(), topic) if self.app.topic(topic).table else None
+        kept_before = {partition: open_now.get(partition) for partition in owned}
+        tail_ok = self._tail_readable(topic, [p for p in owned if kept_before[p] is None])
         for partition in owned:
             if self.follower is not None:
                 self.follower.release(topic, partition)  # a standby promoted: the pipeline keeps it from now on
-            kept = open_now.get(partition)
-            stores = kept or self.state_dir.open(topic, partition, self.app.specs(topic))
+            stores = open_now.get(partition) or tail_ok(self.state_dir.open(topic, partition, self.app.specs(topic)))
             open_now[partition] = stores
             stores.db.topic_partitions(self.app.topic(topic).partitions)  # refuses stores built for another count
-            if self.writes_changelog(topic, partition):  # fence the last writer first: a rebuild resets it
-                assert self.changelogs is not None  # noqa: S101 - logged() says so
-                self.changelogs.writer(topic).take_over(partition)
-            elif self.changelogs is not None and self.logged(topic):
-                self.changelogs.writer(topic).release(partition)  # a standby running the pipeline writes none
-            if self.logged(topic):
-                assert self.changelogs is not None  # noqa: S101 - logged() says so
-                self.changelogs.restore(topic, stores)
+        self._restore(topic, {partition: open_now[partition] for partition in owned})
+        for partition in owned:
+            kept, stores = kept_before[partition], open_now[partition]
             if kept is None and horizon is not None:  # after the restore: a changelog last written before the
                 stores = self._tombstones_kept(stores, horizon)  # horizon may miss purged deletes as a disk may
             open_now[partition] = stores = self._from_log_start(stores, earliest[partition])
@@ -300,6 +298,58 @@ class StreamRunner:
                 continue  # kept through a reassignment: its data stays valid, it only pauses while the query restarts
             stores.db.set_state(PartitionState.RESTORING)
             mark_running_when_caught_up(stores, ends[partition])
+
+    def _tail_readable(self, topic: str, partitions: list[int]) -> Callable[[PartitionStores], PartitionStores]:
+        """Return a check for copies of topic's partitions opened from disk: one that last applied a changelog batch
+        longer ago than half the time the changelog keeps tombstones (delete.retention.ms) while the changelog has
+        batches past it is emptied, and restores the whole changelog: reading only the tail, it could miss deletes
+        the cleaner purged since (a key deleted would stay, wrongly). A copy with nothing to read keeps its state."""
+        if self.changelogs is None or not self.logged(topic) or not partitions:
+            return lambda stores: stores
+        changelogs = self.changelogs
+        horizon = tombstone_retention_s(changelogs.config, changelogs.topic(topic))
+        ends = changelogs.end_offsets(topic, partitions)
+
+        def check(stores: PartitionStores) -> PartitionStores:
+            db = stores.db
+            position, committed = changelog_next(db), db.committed_at()
+            if horizon is None or position == 0 or ends.get(db.partition, 0) <= position:
+                return stores
+            if committed is not None and time.time() - committed < horizon / 2:
+                return stores
+            log.warning(
+                "%s-%s: its copy last applied a changelog batch %s ago, longer than half the time %s keeps "
+                "tombstones (%.0f s): restoring the whole changelog so that no purged delete is missed",
+                db.topic,
+                db.partition,
+                "an unknown time" if committed is None else f"{time.time() - committed:.0f} s",
+                changelogs.topic(topic),
+                horizon,
+            )
+            db.delete()
+            return self.state_dir.open(db.topic, db.partition, self.app.specs(db.topic))
+
+        return check
+
+    def _restore(self, topic: str, opened: Mapping[int, PartitionStores]) -> None:
+        """Take over (or let go of) each partition's changelog and restore the stores from it, the partitions at
+        once: one's fetch, fence and RocksDB writes overlap another's (they were 6 restores end to end)."""
+        if self.changelogs is None or not opened:
+            return
+        changelogs = self.changelogs
+        targets = changelogs.end_offsets(topic, sorted(opened)) if self.logged(topic) else {}
+
+        def restore(partition: int) -> None:
+            if self.writes_changelog(topic, partition):  # fence the last writer first: a rebuild resets it
+                changelogs.writer(topic).take_over(partition)
+            elif self.logged(topic):
+                changelogs.writer(topic).release(partition)  # a standby running the pipeline writes none
+            if self.logged(topic):
+                changelogs.restore(topic, opened[partition], target=targets[partition])
+
+        with ThreadPoolExecutor(max_workers=len(opened), thread_name_prefix=f"restore-{topic}") as pool:
+            for done in [pool.submit(restore, partition) for partition in opened]:
+                done.result()  # the first failure is raised, after every restore ended
 
     def _tombstones_kept(self, stores: PartitionStores, horizon_s: float) -> PartitionStores:
         """Return a table partition's stores, rebuilt from scratch if they stopped applying longer ago than the

@@ -1,5 +1,6 @@
 """Copies built after the source's retention deleted records answer what the older copy answers (issue 41): a copy
-on a wiped state dir, a new standby that follows the changelog, and that standby promoted to active. The shop app
+on a wiped state dir, a new standby that follows the changelog, and that standby promoted to active; a copy that
+stopped longer ago than the changelog keeps tombstones restores in full, a recent one its tail. The shop app
 (key-value, windows, a ranking, a bloom filter keyed by a column) on the session's broker, one Spark session."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from iqgraph.stores.changelog import CHANGELOG_NEXT_KEY
 from iqgraph.stores.partition import META_CF, TOPIC_PARTITIONS_KEY
 from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.broker import produce
+from iqgraph.streaming.changelog import RESTORES, changelog_topic
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from tests.support.pipeline import START_MS
@@ -154,3 +156,61 @@ def test_copies_built_after_retention_answer_what_the_older_copy_answers(
         wait_equal(lambda: promoted, lambda: dump(last.partitions[topic]))
     finally:
         last.stop()
+
+
+def set_tombstone_retention(bootstrap: str, topic: str, ms: int) -> None:
+    """Set topic's delete.retention.ms (how long the cleaner keeps tombstones)."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    entry = ConfigEntry("delete.retention.ms", str(ms), incremental_operation=AlterConfigOpType.SET)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.incremental_alter_configs(
+        [ConfigResource("topic", topic, incremental_configs=[entry])]
+    ).values():
+        future.result(timeout=30)
+
+
+def restored_from(topic: str, app: App) -> dict[int, int]:
+    """Return the changelog offset each partition's last restore started at."""
+    changelog = changelog_topic(app.name, topic)
+    return {p: RESTORES[(changelog, p)].start for p in range(PARTITIONS) if (changelog, p) in RESTORES}
+
+
+def test_a_copy_older_than_the_changelogs_tombstones_restores_in_full_and_a_recent_one_its_tail(
+    broker: KafkaBroker, spark: Any, tmp_path: Path, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic(PARTITIONS)
+    app = build_app(topic, PARTITIONS)
+    bootstrap = broker.bootstrap_servers
+
+    def run_once(state: str, seed: int) -> Dump:
+        produce(bootstrap, topic, orders(seed, 600))
+        runner = runner_on(app, spark, tmp_path / state, bootstrap)
+        try:
+            caught_up(runner, topic)
+            return dump(runner.partitions[topic])
+        finally:
+            runner.stop()
+
+    def reopened(state: str) -> tuple[Dump, dict[int, int]]:
+        RESTORES.clear()
+        runner = runner_on(app, spark, tmp_path / state, bootstrap)
+        try:
+            caught_up(runner, topic)
+            return dump(runner.partitions[topic]), restored_from(topic, app)
+        finally:
+            runner.stop()
+
+    run_once("a", 1)  # copy a writes the changelog, then stops
+    newer = run_once("b", 2)  # copy b restores it and writes on: the changelog has batches past copy a
+    # a recent copy reads only the tail past its own position
+    state, starts = reopened("a")
+    assert state == newer
+    assert starts and all(start > 0 for start in starts.values()), starts
+    newest = run_once("b", 3)
+    # the changelog keeps tombstones 2 s: copy a, last written more than 1 s ago, could miss a purged delete
+    set_tombstone_retention(bootstrap, changelog_topic(app.name, topic), 2_000)
+    time.sleep(1.5)
+    state, starts = reopened("a")
+    assert state == newest
+    assert starts and all(start == 0 for start in starts.values()), starts
