@@ -7,10 +7,11 @@ import sys
 import traceback
 from pathlib import Path
 
-from iqgraph.streaming.definitions import App, DefinitionError
+from iqgraph.stores import UserError
+from iqgraph.streaming.definitions import App
 
 
-class AppLoadError(ValueError):
+class AppLoadError(UserError, ValueError):
     """The --app reference does not name an App."""
 
 
@@ -26,8 +27,8 @@ def load_app(reference: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise AppLoadError(f"cannot import module {module_name!r} for --app: {exc}") from None
-    except DefinitionError:
-        raise  # already says what to fix in the app's definition
+    except UserError:
+        raise  # already says what to fix (a DefinitionError: in the app's definition)
     except Exception as exc:  # the user's module failed while it ran: where, and why, in one line
         where = _where(exc, module_name)
         raise AppLoadError(f"module {module_name!r} failed to load: {where}{type(exc).__name__}: {exc}") from None

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from iqgraph.stores import UserError
+
 ENV_PREFIX = "IQGRAPH_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
 #: Settings that are tables of another system's settings; each source adds to (or overrides keys of) the last.
@@ -38,7 +40,7 @@ EXAMPLE_CLUSTER_SECRET = "change-me-dev-only"  # noqa: S105 - refused, not used
 PEER_PORT_OFFSET = 10_000
 
 
-class SettingsError(ValueError):
+class SettingsError(UserError, ValueError):
     """Settings that cannot be used; the message says which one and how to fix it."""
 
 

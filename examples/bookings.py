@@ -19,8 +19,7 @@ import random
 from collections.abc import Iterator
 from functools import partial
 
-from iqgraph.examples.shop import _iso
-from iqgraph.streaming.definitions import (
+from iqgraph import (
     App,
     Entity,
     Event,
@@ -28,6 +27,7 @@ from iqgraph.streaming.definitions import (
     Relation,
     Topic,
     count,
+    iso_timestamp,
     key_value_store,
     latest,
     sum_,
@@ -62,7 +62,7 @@ def generate(
             "hotel": rng.choice(HOTELS),
             "nights": nights,
             "amount": round(nights * rng.uniform(60.0, 240.0), 2),
-            "ts": _iso(now),
+            "ts": iso_timestamp(now),
         }
         yield bookings, customer, booking
         yield reservations, booking_id, booking

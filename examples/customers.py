@@ -21,8 +21,7 @@ import random
 from collections.abc import Iterator
 from functools import partial
 
-from iqgraph.examples.shop import _iso
-from iqgraph.streaming.definitions import (
+from iqgraph import (
     App,
     Entity,
     Event,
@@ -31,6 +30,7 @@ from iqgraph.streaming.definitions import (
     Relation,
     Topic,
     count,
+    iso_timestamp,
     key_value_store,
     latest,
     sum_,
@@ -78,7 +78,7 @@ def generate(seed: int, start_ms: int, orders: str = "orders", customers: str = 
             customer = _customer(rng, -1)
             amount = round(rng.uniform(2.0, 300.0), 2)
             order = {"order_id": f"o-{seed}-{i}", "customer": customer, "item": rng.choice(ITEMS), "amount": amount}
-            yield orders, customer, {**order, "ts": _iso(now)}
+            yield orders, customer, {**order, "ts": iso_timestamp(now)}
 
 
 def build_app(

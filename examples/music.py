@@ -25,31 +25,28 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from functools import partial
-from typing import TYPE_CHECKING
 
-from iqgraph.examples.shop import _iso
-from iqgraph.streaming.collect import collect
-from iqgraph.streaming.definitions import (
+from iqgraph import (
     App,
     Entity,
     Event,
     Join,
     KafkaSettings,
     Relation,
+    StoreViews,
     Topic,
+    collect,
     count,
+    hyperloglog,
+    iso_timestamp,
     key_value_store,
+    owner_field,
     ranking_store,
     sum_,
     table_store,
     tumbling,
     window_store,
 )
-from iqgraph.streaming.owner_fields import owner_field
-from iqgraph.streaming.sketches import hyperloglog
-
-if TYPE_CHECKING:
-    from iqgraph.app.owner.views import StoreViews
 
 GENRES = ["jazz", "rock", "pop", "folk", "blues", "classical", "electronic", "hip-hop"]
 SONGS = 240
@@ -82,7 +79,7 @@ def generate(seed: int, start_ms: int, plays: str = "plays", songs: str = "songs
         now += rng.randint(5, 40)
         song = song_id((int(rng.paretovariate(0.9)) - 1) % SONGS)
         user = f"user-{(int(rng.paretovariate(1.1)) - 1) % USERS:03d}"
-        yield plays, song, {"song_id": song, "user": user, "seconds": rng.randint(20, 320), "ts": _iso(now)}
+        yield plays, song, {"song_id": song, "user": user, "seconds": rng.randint(20, 320), "ts": iso_timestamp(now)}
 
 
 TREND_MINUTES = 5

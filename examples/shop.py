@@ -13,13 +13,12 @@ product.
 
 from __future__ import annotations
 
-import datetime as dt
 import random
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
-from iqgraph.streaming.definitions import (
+from iqgraph import (
     App,
     Entity,
     Event,
@@ -30,6 +29,7 @@ from iqgraph.streaming.definitions import (
     bloom_store,
     count,
     hopping,
+    iso_timestamp,
     key_value_store,
     latest,
     max_,
@@ -49,12 +49,6 @@ LATE_EVERY = 200  # one order in LATE_EVERY arrives two minutes late
 DASHBOARD = Path(__file__).with_name("shop_dashboard.html")
 
 
-def _iso(ms: int) -> str:
-    seconds, millis = divmod(ms, 1000)
-    stamp = dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{stamp}.{millis:03d}Z"
-
-
 def generate_orders(seed: int, start_ms: int) -> Iterator[Event]:
     """Yield orders forever: skewed customers, ~20 ms apart, a few of them late."""
     rng = random.Random(seed)
@@ -70,7 +64,7 @@ def generate_orders(seed: int, start_ms: int) -> Iterator[Event]:
             "item": rng.choice(ITEMS),
             "quantity": quantity,
             "amount": round(quantity * rng.uniform(2.0, 80.0), 2),
-            "ts": _iso(ts),
+            "ts": iso_timestamp(ts),
         }
         yield customer, order
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from iqgraph.examples.shop import _iso
-from iqgraph.streaming.definitions import App, Event, Topic, bloom_store, count, key_value_store, tumbling, window_store
+from iqgraph import App, Event, Topic, bloom_store, count, iso_timestamp, key_value_store, tumbling, window_store
 
 ACCESS_SCHEMA = "host STRING, method STRING, path STRING, status INT, bytes LONG, ts TIMESTAMP"
 PATHS = ["/", "/login", "/cart", "/search", "/product/1", "/product/2", "/api/v1/items", "/static/app.js"]
@@ -29,7 +28,7 @@ def generate_accesses(seed: int, start_ms: int) -> Iterator[Event]:
             "path": rng.choice(PATHS),
             "status": rng.choice(STATUSES),
             "bytes": rng.randint(200, 90_000),
-            "ts": _iso(now),
+            "ts": iso_timestamp(now),
         }
         yield host, line
 

@@ -66,6 +66,7 @@ from iqgraph.stores import (
     StoreMigratedError,
     StoreNotReadyError,
     UnknownStoreError,
+    UserError,
     ValueFormatError,
 )
 
@@ -180,7 +181,7 @@ _CODES: tuple[tuple[type[StoreError], str], ...] = (
 )
 
 
-class SchemaDefinitionError(ValueError):
+class SchemaDefinitionError(UserError, ValueError):
     """Stores (entities, relations) that cannot be turned into a schema; the message says what to rename."""
 
 

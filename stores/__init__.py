@@ -22,6 +22,7 @@ from iqgraph.stores.exceptions import (
     StoreNotReadyError,
     UnknownFormatError,
     UnknownStoreError,
+    UserError,
     ValueFormatError,
 )
 from iqgraph.stores.kv import KeyValueStore
@@ -73,6 +74,7 @@ __all__ = [
     "StoreView",
     "UnknownFormatError",
     "UnknownStoreError",
+    "UserError",
     "ValueFormatError",
     "WindowSpec",
     "WindowStore",

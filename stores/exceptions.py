@@ -1,6 +1,10 @@
-"""Exceptions of the stores package.
+"""Exceptions of the stores package, and the root of every error a user can fix at start.
 
-The whole tree hangs off one root, so callers can catch every expected store failure at once::
+``UserError`` is defined here, at the bottom of the packages, so that every layer's start errors can subclass it
+(``DefinitionError``, ``SettingsError``, ``NodeStartError``, …, and ``StateDirError`` below); it is exported as
+``iqgraph.UserError``, and the command line turns any of them into one line on stderr.
+
+The stores' own tree hangs off one root, so callers can catch every expected store failure at once::
 
     StoreError
     ├── UnknownStoreError          no store of that name in the partition database
@@ -14,12 +18,19 @@ The whole tree hangs off one root, so callers can catch every expected store fai
     │   └── UnknownFormatError         a format version this code does not know (written by a newer one)
     ├── OffsetError                a batch that does not follow the stored offsets
     │   └── OffsetGapError             it would skip records (its start is past the next offset)
-    ├── StateDirError              a state directory that is not ours, or unusable
+    ├── StateDirError              a state directory that is not ours, or unusable (also a UserError)
     │   └── StateDirLockedError        the directory is held by another process (or handle)
     └── InvalidCursorError         a pagination cursor that this store did not issue
 """
 
 from __future__ import annotations
+
+
+class UserError(Exception):
+    """Root of every error a user can fix at start (the app, its settings, the broker, the state directory).
+
+    Its message says what to fix, in one line: the command line prints it as is, never a traceback.
+    """
 
 
 class StoreError(Exception):
@@ -100,7 +111,7 @@ class OffsetGapError(OffsetError):
     """A batch whose start offset is past the next offset to apply: applying it would lose records."""
 
 
-class StateDirError(StoreError):
+class StateDirError(StoreError, UserError):
     """A state directory that is not ours or cannot be used."""
 
 

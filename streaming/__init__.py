@@ -11,6 +11,8 @@ from iqgraph.streaming.definitions import (
     App,
     DefinitionError,
     Entity,
+    Event,
+    EventGenerator,
     Join,
     KafkaSettings,
     Relation,
@@ -20,6 +22,7 @@ from iqgraph.streaming.definitions import (
     bloom_store,
     count,
     hopping,
+    iso_timestamp,
     key_value_store,
     latest,
     max_,
@@ -32,26 +35,37 @@ from iqgraph.streaming.definitions import (
 )
 from iqgraph.streaming.owner_fields import OwnerField, owner_field
 from iqgraph.streaming.partitioner import partition_for
+from iqgraph.streaming.sketches import histogram, hyperloglog
+from iqgraph.streaming.types import BloomView, KeyValueView, StoreViews, WindowView
 from iqgraph.streaming.user_aggregations import UserAggregation, aggregate
 
 __all__ = [
     "Aggregate",
     "App",
+    "BloomView",
     "DefinitionError",
     "Entity",
+    "Event",
+    "EventGenerator",
     "Join",
     "KafkaSettings",
+    "KeyValueView",
     "OwnerField",
     "Relation",
     "StoreDefinition",
+    "StoreViews",
     "Topic",
     "UserAggregation",
+    "WindowView",
     "aggregate",
     "avg",
     "bloom_store",
     "collect",
     "count",
+    "histogram",
     "hopping",
+    "hyperloglog",
+    "iso_timestamp",
     "key_value_store",
     "ranking_store",
     "latest",

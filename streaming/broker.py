@@ -17,6 +17,8 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from iqgraph.stores import UserError
+
 __all__ = [
     "BATCHING",
     "JAVA_PARTITIONER",
@@ -43,7 +45,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
 
-class BrokerError(RuntimeError):
+class BrokerError(UserError, RuntimeError):
     """The embedded broker could not be started, or a request to it failed."""
 
 

@@ -18,13 +18,14 @@ transformed by a PySpark function DataFrame → DataFrame, and aggregated by a m
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from iqgraph.stores import BloomSpec, StoreKind, StoreSpec, WindowSpec, aggregation_named
+from iqgraph.stores import BloomSpec, StoreKind, StoreSpec, UserError, WindowSpec, aggregation_named
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -47,8 +48,15 @@ Partitioner = Literal["auto", "murmur2", "consistent_random"]
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
-class DefinitionError(ValueError):
+class DefinitionError(UserError, ValueError):
     """An app definition that cannot run; the message says what to fix."""
+
+
+def iso_timestamp(epoch_ms: int) -> str:
+    """Return epoch_ms as the ISO 8601 UTC text a ``TIMESTAMP`` column reads, to the millisecond (for generators)."""
+    seconds, millis = divmod(epoch_ms, 1000)
+    stamp = dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{stamp}.{millis:03d}Z"
 
 
 @dataclass(frozen=True)

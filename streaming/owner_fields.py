@@ -12,8 +12,9 @@
 makes the root fields ``favouriteGenre(key, maxLag)`` and ``favouriteGenreMany(keys, maxLag)``. ``store``
 names the store whose keys the field takes: a key is routed as a lookup of that store would be, and the
 function runs on the node serving the key's partition, with read-only views of the stores there
-(``app.owner.views``). ``returns`` is a Spark DDL type string (``"double"``, ``"struct<…>"``: see
-``streaming.ddl``) or a pyspark DataType; without it, the function's Python return annotation (``str``,
+(``iqgraph.StoreViews``, a Protocol in ``streaming.types``; the node implements it in ``app.owner.views``).
+``returns`` is a Spark DDL type string (``"double"``, ``"struct<…>"``: see ``streaming.ddl``) or a pyspark
+DataType; without it, the function's Python return annotation (``str``,
 ``int`` → bigint, ``float`` → double, ``bool``, ``bytes``, ``datetime``, ``date``, ``Decimal``,
 ``list[T]``, ``dict[str, T]``, ``T | None``). ``timeout_s`` bounds one key's run, and its wait for a free
 worker (TIMEOUT after it); at most ``app.cluster.peers.OWNER_FIELD_MAX_TIMEOUT_S`` (4 s), so that a peer answers
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from iqgraph.stores import StoreKind
 from iqgraph.streaming.definitions import DefinitionError
+from iqgraph.streaming.types import StoreViews
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
     from iqgraph.streaming.definitions import App
 
 #: The function: (key, read-only views of the owner's stores) -> a value of the declared type.
-OwnerFunction = Callable[[Any, Any], Any]
+OwnerFunction = Callable[[Any, StoreViews], Any]
 DEFAULT_TIMEOUT_S = 2.0
 #: The longest timeout_s an owner-side field may have. A peer's answer must reach its caller within the peers'
 #: timeout (``schema.wire.PEER_TIMEOUT_S``: this + PEER_ROUND_TRIP_S), else the caller sees the peer as down.
@@ -96,7 +98,7 @@ class OwnerField:
                 f"not {self.timeout_s}"
             )
 
-    def __call__(self, key: Any, views: Any) -> Any:
+    def __call__(self, key: Any, views: StoreViews) -> Any:
         """Run the function (a decorated function stays callable, e.g. in a test)."""
         return self.function(key, views)
 

@@ -28,6 +28,8 @@ from typing import Final
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
+from iqgraph.stores import UserError
+
 __all__ = [
     "CLASSIC",
     "CONSUMER",
@@ -50,7 +52,7 @@ _CGMD_MAGIC = b"CGMDv2:"  # librdkafka's serialized group metadata: magic, then 
 _Config = dict[str, str | int | float | bool]
 
 
-class GroupConfigError(RuntimeError):
+class GroupConfigError(UserError, RuntimeError):
     """The broker refused the group's session timeout or heartbeat interval (out of its bounds)."""
 
 

@@ -17,13 +17,14 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from iqgraph.stores import UserError
 from iqgraph.streaming.changelog import ChangelogError, changelog_topics, ensure_changelog_topics
 from iqgraph.streaming.definitions import App
 
 log = logging.getLogger(__name__)
 
 
-class TopicCreationError(RuntimeError):
+class TopicCreationError(UserError, RuntimeError):
     """Kafka refused to create a topic, or could not be reached; the message says which."""
 
 

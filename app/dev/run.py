@@ -41,6 +41,7 @@ from iqgraph.app.dev.producer import produce_events, produce_records, producer_c
 from iqgraph.app.dev.readiness import NodeStart, read_readiness
 from iqgraph.app.loading import load_app
 from iqgraph.app.settings import SettingsError, load_settings
+from iqgraph.stores import UserError
 from iqgraph.streaming.apache_kafka import KAFKA_VERSION, KafkaBroker
 from iqgraph.streaming.broker import exit_with_parent, free_ports
 from iqgraph.streaming.definitions import App
@@ -67,7 +68,7 @@ class DevOptions:
     prefix: str = "iqgraph dev"
 
 
-class DevError(RuntimeError):
+class DevError(UserError, RuntimeError):
     """The dev run cannot go on; the message says why and where to look."""
 
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructType
 
 from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST, definition_of
-from iqgraph.app.owner.views import StoreViews
+from iqgraph.app.owner.views import LocalStoreViews
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.errors import INTERNAL, TIMEOUT, ApiError, api_error, fails_over
 from iqgraph.schema.owner_fields import value_converter
@@ -50,6 +50,7 @@ from iqgraph.schema.types import Answer, OwnerFieldInfo
 from iqgraph.schema.wire import Owned
 from iqgraph.stores import Key, PartitionStores, StoreError, StoreKind, StoreNotReadyError, UnknownStoreError
 from iqgraph.streaming.owner_fields import OWNER_FIELD_MAX_TIMEOUT_S
+from iqgraph.streaming.types import StoreViews
 
 if TYPE_CHECKING:
     from iqgraph.app.query.partitions import LocalPartitions
@@ -361,7 +362,7 @@ class OwnerFieldRunner:
                 for i in indexes:
                     answer.value[i] = found
                 continue
-            views = StoreViews(self.local, routing, partitions, caller)
+            views = LocalStoreViews(self.local, routing, partitions, caller)
             runs += indexes
             jobs += [(key, views, f) for key, f in zip(keys, found, strict=True)]
         for i, value in zip(runs, await self._run_all(run, jobs, arrived), strict=True):

@@ -1,5 +1,8 @@
 """Read-only views of the stores an owner-side field's function may read, on the node running it.
 
+The classes here implement streaming.types' Protocols (``iqgraph.StoreViews`` and its views), which is what the
+function is written against.
+
 ``views.kv(store)``, ``views.window(store)`` and ``views.bloom(store)`` return views with read methods
 only (there is nothing to write with): values are finalized (an average, not its sum and count; a user
 aggregation's value, not its state), as a client reads them. Which partitions a view reads:
@@ -31,13 +34,13 @@ from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST, definition_of
 from iqgraph.app.query.merging import combiner, finalize, key_codec
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.stores import Key, KeyCodec, StoreKind, WindowedValue
+from iqgraph.streaming.types import DEFAULT_LIMIT
 
 if TYPE_CHECKING:
     from iqgraph.app.query.partitions import LocalPartitions
     from iqgraph.stores import PartitionStores
     from iqgraph.streaming.definitions import StoreDefinition
 
-DEFAULT_LIMIT = 100
 #: Per partition, the read methods one view kind keeps (bound methods of that store of the partition).
 ReadMethods = dict[str, tuple[Callable[..., Any], ...]]
 
@@ -89,7 +92,7 @@ def _store(definition: StoreDefinition, stores: PartitionStores) -> Any:
     return stores.bloom(name)
 
 
-class KeyValueView(_View):
+class LocalKeyValueView(_View):
     """Read a key-value store: ``get``, ``get_many``, ``range``, ``prefix``."""
 
     __slots__ = ()
@@ -127,7 +130,7 @@ class KeyValueView(_View):
         return [(key, _finalized(self._definition, state)) for key, state in merged]
 
 
-class WindowView(_View):
+class LocalWindowView(_View):
     """Read a window store: ``fetch``."""
 
     __slots__ = ()
@@ -143,7 +146,7 @@ class WindowView(_View):
         return _finalized(self._definition, windows or [])
 
 
-class BloomView(_View):
+class LocalBloomView(_View):
     """Read a bloom store: ``might_contain``, ``might_contain_many``."""
 
     __slots__ = ()
@@ -159,7 +162,7 @@ class BloomView(_View):
         return [bool(f) for f in found] if found else [False] * len(keys)
 
 
-class StoreViews:
+class LocalStoreViews:
     """The read-only views one call of an owner-side field gets: the stores on this node, for its key.
 
     It keeps a closure that opens a store's view (``_open``), not the node's partitions. A store the caller
@@ -178,17 +181,17 @@ class StoreViews:
         self._cache: dict[tuple[str, StoreKind], Any] = {}
         self._open = _opener(local, routing, tuple(partitions), caller)
 
-    def kv(self, store: str) -> KeyValueView:
+    def kv(self, store: str) -> LocalKeyValueView:
         """Return a read-only view of the key-value store called store."""
-        return self._view(store, StoreKind.KEY_VALUE, KeyValueView)
+        return self._view(store, StoreKind.KEY_VALUE, LocalKeyValueView)
 
-    def window(self, store: str) -> WindowView:
+    def window(self, store: str) -> LocalWindowView:
         """Return a read-only view of the window store called store."""
-        return self._view(store, StoreKind.WINDOW, WindowView)
+        return self._view(store, StoreKind.WINDOW, LocalWindowView)
 
-    def bloom(self, store: str) -> BloomView:
+    def bloom(self, store: str) -> LocalBloomView:
         """Return a read-only view of the bloom store called store."""
-        return self._view(store, StoreKind.BLOOM, BloomView)
+        return self._view(store, StoreKind.BLOOM, LocalBloomView)
 
     def _view(self, store: str, kind: StoreKind, cls: type[_View]) -> Any:
         found = self._cache.get((store, kind))

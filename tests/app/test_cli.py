@@ -49,6 +49,23 @@ def test_an_app_module_that_fails_or_defines_badly_is_one_clear_line(tmp_path: P
     assert_one_line_error(iqgraph("serve", "--app", "badrel:app", cwd=tmp_path), "unknown entity 'Nobody'")
 
 
+def test_any_user_error_is_its_own_message_in_one_line(tmp_path: Path) -> None:
+    """The command line catches iqgraph.UserError, not a list: a subclass it has never heard of is one line too."""
+    (tmp_path / "licensed.py").write_text(
+        textwrap.dedent("""
+        import iqgraph
+
+        class LicenceError(iqgraph.UserError):
+            pass
+
+        raise LicenceError("no licence key: set LICENCE_KEY")
+    """)
+    )
+    result = iqgraph("schema", "--app", "licensed:app", cwd=tmp_path)
+    assert_one_line_error(result)
+    assert result.stderr.strip() == "iqgraph: error: no licence key: set LICENCE_KEY"
+
+
 def test_a_taken_port_is_one_clear_line_before_anything_starts(tmp_path: Path) -> None:
     import socket
     import time

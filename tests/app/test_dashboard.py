@@ -24,10 +24,10 @@ import orjson
 import pytest
 
 from iqgraph.app.dev.example_query import INTROSPECTION, example_subscription, schema_from_introspection
-from iqgraph.examples.shop import ITEMS, _iso, build_app
+from iqgraph.examples.shop import ITEMS, build_app
 from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.broker import free_port, produce
-from iqgraph.streaming.definitions import DefinitionError
+from iqgraph.streaming.definitions import DefinitionError, iso_timestamp
 from tests.conftest import MakeTopic
 from tests.support.browser import browser_page, require_chromium
 from tests.support.nodes import ROOT, NodeProcess, start_node, wait_ready, write_app_module
@@ -79,7 +79,7 @@ def orders(rng: random.Random, count: int) -> list[tuple[bytes, bytes, None]]:
             "item": rng.choice(ITEMS),
             "quantity": 1,
             "amount": round(rng.uniform(2.0, 80.0), 2),
-            "ts": _iso(int(time.time() * 1000)),
+            "ts": iso_timestamp(int(time.time() * 1000)),
         }
         found.append((customer.encode(), orjson.dumps(order), None))
     return found
@@ -88,7 +88,7 @@ def orders(rng: random.Random, count: int) -> list[tuple[bytes, bytes, None]]:
 def order_of(customer: str) -> tuple[bytes, bytes, None]:
     """Return one order of customer, now."""
     order = {"order_id": "o-one", "customer": customer, "item": "lever", "quantity": 1, "amount": 3.0}
-    return customer.encode(), orjson.dumps({**order, "ts": _iso(int(time.time() * 1000))}), None
+    return customer.encode(), orjson.dumps({**order, "ts": iso_timestamp(int(time.time() * 1000))}), None
 
 
 def store_view(served: NodeProcess, since: str) -> dict[str, Any]:

@@ -231,9 +231,9 @@ async def test_views_are_read_only(api: OwnerApi) -> None:
     assert result.errors is not None and result.errors[0].formatted["extensions"]["code"] == "INTERNAL"
     assert (await api.run('{ orderCount { get(key: "customer-01") } }')).data == before
     views = api.queries.local.owner_fields  # what a function gets: read methods only
-    from iqgraph.app.owner.views import BloomView, KeyValueView, WindowView
+    from iqgraph.app.owner.views import LocalBloomView, LocalKeyValueView, LocalWindowView
 
-    for cls in (KeyValueView, WindowView, BloomView):
+    for cls in (LocalKeyValueView, LocalWindowView, LocalBloomView):
         public = {n for n in dir(cls) if not n.startswith("_")}
         assert public <= {"get", "get_many", "range", "prefix", "fetch", "might_contain", "might_contain_many"}
     assert views is not None
@@ -269,7 +269,7 @@ def _reachable(root: Any, depth: int = 6) -> list[tuple[str, Any]]:
 
 
 async def test_views_keep_no_store_where_a_plain_or_private_name_reaches_it(api: OwnerApi) -> None:
-    from iqgraph.app.owner.views import StoreViews
+    from iqgraph.app.owner.views import LocalStoreViews
     from iqgraph.app.query.partitions import LocalPartitions
     from iqgraph.stores import PartitionStores
     from iqgraph.streaming.partitioner import partition_for
@@ -280,7 +280,7 @@ async def test_views_keep_no_store_where_a_plain_or_private_name_reaches_it(api:
     assert (await api.run('{ orderCount { get(key: "customer-01") } }')).data == before
     local = api.queries.local
     partition = partition_for("customer-01", PARTITIONS, "string", "murmur2")
-    views = StoreViews(local, local.app.store("order_count"), (partition,))
+    views = LocalStoreViews(local, local.app.store("order_count"), (partition,))
     for view in (
         views.kv("order_count"),
         views.window("orders_per_minute"),
