@@ -292,16 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as exc:
         print(f"iqgraph: error: {exc}", file=sys.stderr)
         return 2
-    except _node_start_error() as exc:
-        print(f"iqgraph: error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _node_start_error() -> type[BaseException]:
-    # TODO(issue 43): drop once app/node.py's NodeStartError subclasses UserError (that file is in another change).
-    from iqgraph.app.node import NodeStartError
-
-    return NodeStartError
 
 
 if __name__ == "__main__":

@@ -92,13 +92,12 @@ def _user_errors() -> list[Any]:
     from iqgraph.streaming.apache_kafka import JarsError
     from iqgraph.streaming.broker import BrokerError
 
-    pending = pytest.mark.xfail(strict=True, reason="app/node.py is in another change: NodeStartError(UserError, …)")
     return [
         AppLoadError,
         SettingsError,
         iqgraph.DefinitionError,
         SchemaDefinitionError,
-        pytest.param(NodeStartError, marks=pending),
+        NodeStartError,
         DevError,
         TopicCreationError,
         BrokerError,
