@@ -40,10 +40,11 @@ from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
 from iqgraph.app.security.tls import peer_verify
 from iqgraph.app.settings import Settings
 from iqgraph.app.supervisor import QuerySupervisor
-from iqgraph.stores import PartitionState, StateDirectory, StoreError
+from iqgraph.stores import PartitionState, StateDirectory, StoreError, UserError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
+from iqgraph.streaming.kafka_watch import KafkaWatch
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ PROMOTE_AFTER_S = 5.0  # a partition's active down this long: its first live sta
 Progress = Callable[[str], None]
 
 
-class NodeStartError(RuntimeError):
+class NodeStartError(UserError, RuntimeError):
     """The node cannot start; the message says what to fix."""
 
 
@@ -92,6 +93,7 @@ class Node:
         self.peers: PeerClient | None = None
         self.health: PeerHealth | None = None
         self.supervisor: QuerySupervisor | None = None
+        self.kafka_watch: KafkaWatch | None = None
         # what each committed batch changed, for the subscriptions (at most max_subscriptions watches at once)
         self.change_feed = ChangeFeed(max_subscriptions=settings.max_subscriptions)
         self.live: Live | None = None
@@ -246,7 +248,9 @@ class Node:
     def _start_serving(self, runner: StreamRunner) -> None:
         """Make what serves reads, owner-side fields and subscriptions over the runner's partitions."""
         assert self.membership is not None and self.spark is not None  # noqa: S101 - joined, Spark started
-        self.supervisor = QuerySupervisor(runner)
+        self.kafka_watch = KafkaWatch(self._client_config())
+        self.kafka_watch.start()
+        self.supervisor = QuerySupervisor(runner, kafka_reachable=self.kafka_watch.reachable)
         self.topic_watch = TopicWatch(
             runner.partitions,
             lambda topic, ps: runner.offsets(topic).latest(ps),
@@ -498,6 +502,8 @@ class Node:
     def stop(self) -> None:
         """Stop the streaming queries, close every store cleanly, stop Spark."""
         self.state = NodeState.STOPPING
+        if self.kafka_watch is not None:
+            self.kafka_watch.stop()
         if self.supervisor is not None:
             self.supervisor.stop()  # before the queries stop on purpose
         if self.health is not None:
