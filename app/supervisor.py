@@ -7,6 +7,10 @@ the n-th death in a row — then restarts every query over the partitions open n
 offsets: nothing is lost or applied twice). A restarted query that applies a batch, or stays up for
 ``healthy_after_s`` with nothing to apply, resets the count.
 
+Kafka away is a pause, not a series of deaths: given ``kafka_reachable`` (``streaming.kafka_watch.KafkaWatch``), a
+query that died while Kafka does not answer is not restarted into the outage (each attempt would die again and
+grow the back-off to a minute); it is restarted as soon as Kafka answers again, whatever its back-off.
+
 ``status()`` is what /readyz, the node metadata and the metrics show: the pipeline's state (RUNNING, or
 DEAD between a death and its restart), restarts so far, deaths in a row and the last error. A pipeline
 that is DEAD, or that died ``keeps_dying_after`` times in a row, makes the node not ready.
@@ -80,8 +84,10 @@ class QuerySupervisor:
         healthy_after_s: float = 30.0,
         keeps_dying_after: int = 3,
         clock: Callable[[], float] = time.time,
+        kafka_reachable: Callable[[], bool] | None = None,
     ) -> None:
         self.runner = runner
+        self.kafka_reachable = kafka_reachable
         self.interval_s = interval_s
         self.backoff = backoff or Backoff()
         self.healthy_after_s = healthy_after_s
@@ -92,6 +98,7 @@ class QuerySupervisor:
         self._last_error: str | None = None
         self._dead_since: float | None = None
         self._restarted_at: float | None = None
+        self._kafka_was_away = False  # Kafka did not answer since the last death: restart once it does
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="query-supervisor", daemon=True)
@@ -126,22 +133,33 @@ class QuerySupervisor:
                 self._forgive(now)
                 return
             self._died(failure, now)
+        if self._kafka_away():
+            return
         with self._lock:
-            due = self._dead_since is not None and now - self._dead_since >= self.backoff(self._in_a_row)
+            since = self._dead_since
+            due = since is not None and (self._kafka_was_away or now - since >= self.backoff(self._in_a_row))
         if due:
             self._restart(now)
 
+    def _kafka_away(self) -> bool:
+        """Return whether Kafka does not answer now (and remember it until the next restart)."""
+        if self.kafka_reachable is None or self.kafka_reachable():
+            return False
+        with self._lock:
+            self._kafka_was_away = True
+        return True
+
     def _died(self, failure: BaseException, now: float) -> None:
         first_line = error_summary(failure)
+        away = self._kafka_away()
         with self._lock:
             self._in_a_row += 1
             self._dead_since = now
             self._restarted_at = None
             self._last_error = first_line
             wait = self.backoff(self._in_a_row)
-        log.warning(
-            "a streaming query died (%s); restarting in %.0f s (death %d in a row)", first_line, wait, self._in_a_row
-        )
+        when = "as soon as Kafka answers" if away else f"in {wait:.0f} s"
+        log.warning("a streaming query died (%s); restarting %s (death %d in a row)", first_line, when, self._in_a_row)
 
     def _restart(self, now: float) -> None:
         try:
@@ -154,6 +172,7 @@ class QuerySupervisor:
             self._restarts += 1
             self._dead_since = None
             self._restarted_at = now
+            self._kafka_was_away = False
         log.warning("streaming queries restarted (restart %d)", self._restarts)
 
     def _forgive(self, now: float) -> None:

@@ -45,6 +45,7 @@ from iqgraph.schema.errors import NOT_FOUND, STORE_NOT_READY, ApiError
 from iqgraph.schema.graphiql import graphiql_mount
 from iqgraph.schema.persisted import ManifestError, PersistedDocuments, describe, load_manifest
 from iqgraph.schema.wire import CHANGES_PATH, FOLLOW_PATH, HEALTH_PATH, INTERNAL_PATH, INTERNAL_PREFIX, READY_PATH
+from iqgraph.streaming.kafka_watch import ConnectionNoise
 
 if TYPE_CHECKING:
     from iqgraph.streaming.definitions import App
@@ -297,6 +298,8 @@ def serve(settings: Settings, app: App) -> int:
     documents = persisted_documents(settings)  # the manifest is read before Spark starts too
     if settings.tracing:
         tracing.enable(settings.node_id, settings.tracing_documents)
+    for handler in logging.getLogger().handlers:  # Kafka away: one line from the node's KafkaWatch, not librdkafka's
+        handler.addFilter(ConnectionNoise())  # hundreds (every client's every reconnect)
     listeners = [bind_listener(settings.host, settings.port)]  # before Spark: it takes ports of its own
     try:
         if settings.has_peers:  # peers' sub-requests come on a listener of their own (peer_asgi)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from iqgraph.app.supervisor import Backoff, QuerySupervisor, error_summary
 
 
@@ -144,3 +146,91 @@ def test_the_reported_error_is_the_python_cause_inside_sparks_wrapping() -> None
     )
     assert error_summary(wrapped) == "ModuleNotFoundError: No module named 'clusterapp'"
     assert error_summary(RuntimeError("stopped\nmore")) == "stopped"
+
+
+class Kafka:
+    """Kafka as the supervisor's probe sees it: answering or not."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.asked = 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.up
+
+
+def test_a_query_dead_while_kafka_is_away_waits_for_kafka_then_restarts_at_once_whatever_its_backoff() -> None:
+    runner, clock, kafka = Runner(), Clock(), Kafka()
+    supervisor = QuerySupervisor(
+        runner, backoff=Backoff(1.0, 60.0), healthy_after_s=30.0, clock=clock, kafka_reachable=kafka
+    )
+    supervisor._in_a_row = 6  # earlier deaths in a row: the next back-off would be 60 s
+    kafka.up = False
+    runner.dead = RuntimeError("could not list offsets of 'orders' [0]: No leaders found")
+    supervisor.check()
+    assert supervisor.status().state == "DEAD"
+    for _ in range(120):  # two minutes of Kafka away: no restart into the outage
+        clock.now += 1.0
+        supervisor.check()
+    assert runner.restarts == 0
+    kafka.up = True
+    clock.now += 1.0
+    supervisor.check()
+    assert runner.restarts == 1, "not restarted as soon as Kafka answered"
+    assert supervisor.status().state == "RUNNING"
+    # Kafka up, the next death waits for its back-off as before
+    runner.dead = RuntimeError("a batch failed")
+    supervisor.check()
+    clock.now += 1.0
+    supervisor.check()
+    assert runner.restarts == 1
+
+
+def test_kafka_watch_logs_each_transition_once_and_asks_at_most_once_a_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from iqgraph.streaming.kafka_watch import KafkaWatch
+
+    clock, state = Clock(), {"up": True, "asked": 0}
+
+    def probe(timeout_s: float) -> None:
+        state["asked"] += 1
+        if not state["up"]:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Connection refused"))
+
+    watch = KafkaWatch({"bootstrap.servers": "kafka-1:9092"}, every_s=1.0, clock=clock, probe=probe)
+    caplog.set_level("WARNING", logger="iqgraph.streaming.kafka_watch")
+    assert watch.reachable() and watch.reachable()
+    assert state["asked"] == 1  # the second answer was the cached one
+    state["up"] = False
+    for _ in range(5):
+        clock.now += 1.0
+        assert not watch.reachable()
+    assert watch.unreachable_since == 1001.0
+    clock.now += 1.0
+    state["up"] = True
+    assert watch.reachable()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("Kafka at kafka-1:9092 unreachable since ") and lines[0].endswith(", waiting")
+    assert lines[1] == "Kafka back after 5 s"
+
+
+def test_librdkafkas_connection_failures_are_dropped_and_other_lines_kept() -> None:
+    import logging
+
+    from iqgraph.streaming.kafka_watch import ConnectionNoise
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("iqgraph.streaming.changelog", logging.ERROR, __file__, 1, message, None, None)
+
+    noise = ConnectionNoise()
+    refused = (
+        "FAIL [rdkafka#producer-9] [thrd:k:9092/bootstrap]: Connect to ipv4#127.0.0.1:9092 failed: Connection refused"
+    )
+    assert not noise.filter(record(refused))
+    assert noise.filter(record("FAIL [rdkafka#producer-9] [thrd:main]: Fatal error: Broker: Producer fenced"))
+    assert noise.filter(record("a streaming query died (Connection refused); restarting as soon as Kafka answers"))
