@@ -1,6 +1,6 @@
 """The node: settings, lifecycle, cluster membership, store queries, peer client, ASGI server and CLI.
 
-Light names are exported here; ``app.node``, ``app.http.server`` and ``app.demo`` start Spark and servers
+Light names are exported here; ``app.node``, ``app.http.server`` and ``app.dev.run`` start Spark and servers
 and are imported where they are used.
 """
 

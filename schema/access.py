@@ -58,7 +58,7 @@ class Principal:
 
 #: The caller when authentication is off: anyone may read every store.
 ANONYMOUS = Principal("anonymous", None)
-#: Where the authenticated caller of a request is put in its ASGI scope (app.auth, app.peer_auth).
+#: Where the authenticated caller of a request is put in its ASGI scope (app.security.gate, app.security.peer_auth).
 PRINCIPAL_SCOPE_KEY = "iqgraph.principal"
 
 

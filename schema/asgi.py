@@ -199,7 +199,7 @@ class GraphQLApp(GraphQL[Context, None]):
     """Serve schema over HTTP, answering from queries within limits (give build_schema the same Limits).
 
     Each request's queries are bound to its own reports and its caller: the Principal an ASGI wrapper put
-    in the scope (``app.security.auth.AuthGate`` for clients, ``app.security.peer_auth.PeerGate`` for peers); with
+    in the scope (``app.security.gate.AuthGate`` for clients, ``app.security.peer_auth.PeerGate`` for peers); with
     ``require_principal`` a request nothing authenticated may read no store, else it reads as ANONYMOUS.
     With ``local`` (the node's own partitions) this is the internal endpoint: its schema's internal
     fields answer from local partitions only — a forwarded request is never forwarded again, so nodes

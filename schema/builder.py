@@ -32,14 +32,14 @@ entity root fields          ``customer(key, maxLag)``, ``<plural>(keys, maxLag)`
 relation fields             ``Relation("product", "Product", column="item")``: ``product(maxLag):
                             Product`` after ``item`` in the value type (instead of the column if
                             named like it); no column: on ``<Base>Entry`` / ``<Base>Window``,
-                            following the key (schema.relations)
+                            following the key (schema.entities.relations)
 owner-side fields           ``favourite_genre``: ``favouriteGenre(key, maxLag): <its type>`` and
                             ``favouriteGenreMany(keys, maxLag): [<its type>]``; a struct type is
                             named ``FavouriteGenre`` (schema.owner_fields)
 subscriptions (asked for)   ``orderCountWatch(keys, after)``, ``ordersPerMinuteWatchWindows(keys,
                             from, after)``, ``itemsSoldWatchContains(keys)``, a ranking's
                             ``topCustomersWatchTop(group, first)``, an entity's ``customerWatch(keys)``;
-                            their types are named last (schema.subscriptions)
+                            their types are named last (schema.live.subscriptions)
 ==========================  ===============================================================
 
 Fields that read stores are nullable, so a failure (an error in ``errors`` with its path) nulls only
@@ -364,7 +364,7 @@ def build_schema(
     """Return the schema in which every store and every entity is a typed root field, next to the metadata fields.
 
     entities: key spaces whose stores compose into one type each (schema.entities), and the targets of the
-    stores' relations (schema.relations). owner_fields: functions run on a key's owner (schema.owner_fields).
+    stores' relations (schema.entities.relations). owner_fields: functions run on a key's owner (schema.owner_fields).
 
     limits sets the documented defaults (page size) and the document limits (tokens, aliases, depth:
     schema.limits.DocumentChecks); the request context (see context_getter) enforces the rest, so give
@@ -373,7 +373,7 @@ def build_schema(
     timed (schema.metrics); extensions (e.g. tracing) are added after the built-in ones. compiled: queries
     over store fields run as compiled plans (schema.compiled) unless extensions are given. Without
     introspection, a document asking for ``__schema`` or ``__type`` fails validation. subscriptions: add the
-    Subscription type (schema.subscriptions), served from the context's ``live``. federation: a federation v2
+    Subscription type (schema.live.subscriptions), served from the context's ``live``. federation: a federation v2
     subgraph, its entities keyed by ``key`` (schema.federation).
     """
     settled = limits or Limits()

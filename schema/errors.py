@@ -23,9 +23,9 @@ Expected failures are ApiErrors, most of them translated from the stores excepti
                                          PARTITIONER_MISMATCH + topic, partitioner (keys no known
                                                              partitioner explains: cannot route)
     reported beside data (schema.reports) PARTIAL_RESULT     + store, missingPartitions, reasons
-    an owner-side field (app.owner_fields) TIMEOUT           + field, timeoutMs (its function ran
+    an owner-side field (app.owner.runner) TIMEOUT           + field, timeoutMs (its function ran
                                                              longer; one that raised is INTERNAL)
-    the REST path (app.rest)             NOT_FOUND          (404: the store has no such key)
+    the REST path (app.http.rest)        NOT_FOUND          (404: the store has no such key)
 
 An HTTP request that is not GraphQL (body not JSON, no query) is ``BAD_REQUEST`` (schema.asgi). A request naming
 a document the node does not know is ``PERSISTED_QUERY_NOT_FOUND``, one sending a document a node that runs

@@ -13,7 +13,7 @@ Where each applies, on the compiled (lean) path and the Strawberry path alike:
   Strawberry path finds their parse and validation in its caches; a document that breaks a limit gets no
   plan, so Strawberry refuses it with the same error;
 - keys and pages: the fields' resolvers (``check_keys``, ``page_size``), on both paths;
-- body bytes, header bytes, the deadline: the node's ASGI guard (app.request_guard), before either path.
+- body bytes, header bytes, the deadline: the node's ASGI guard (app.http.request_guard), before either path.
 
 The caches of parsed and validated documents (``DocumentCache``) are bounded in entries AND in characters
 of text, and never keep a document over ``CACHED_DOCUMENT_CHARS``: a syntax tree costs ~150–200 bytes per
@@ -80,9 +80,9 @@ class Limits:
     max_aliases: int = 100  # aliased fields in one document
     max_depth: int = 20  # nested selection sets of one operation (as strawberry's QueryDepthLimiter counts)
     max_tokens: int = 20_000  # tokens of one document (graphql-core's parser stops past them)
-    max_body_bytes: int = 4 << 20  # a request body (app.request_guard)
-    max_header_bytes: int = 32 << 10  # a request's line and headers (app.request_guard)
-    request_timeout_ms: int = 30_000  # a request's deadline (app.request_guard)
+    max_body_bytes: int = 4 << 20  # a request body (app.http.request_guard)
+    max_header_bytes: int = 32 << 10  # a request's line and headers (app.http.request_guard)
+    request_timeout_ms: int = 30_000  # a request's deadline (app.http.request_guard)
 
     def __post_init__(self) -> None:
         for name in _POSITIVE:

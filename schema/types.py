@@ -311,7 +311,7 @@ class StoreQueries(Protocol):
         ...
 
     async def call_many(self, field: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Result]:
-        """Return an owner-side field's value per key, each run on the node serving the key (app.owner_fields)."""
+        """Return an owner-side field's value per key, each run on the node serving the key (app.owner.calls)."""
         ...
 
 

@@ -21,7 +21,7 @@ anything else             ``JSON``
 
 Struct fields are nullable as Spark declares them; column names become camelCase field names, with a
 column's ``comment`` metadata as the field's description. A store's value struct may carry ``Link``s:
-fields computed from a column's stored value (relations, schema.relations), after the column or instead
+fields computed from a column's stored value (relations, schema.entities.relations), after the column or instead
 of it; its objects keep that stored value in a private attribute. Stores hand back what their codec stores:
 JSON values, with timestamps as ISO strings (or epoch milliseconds), decimals as numbers or strings,
 maps as objects (string keys) or lists of [key, value] pairs; a value that does not fit its declared

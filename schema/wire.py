@@ -14,7 +14,7 @@ module: the peer client (``app.cluster.peers``) and the internal fields.
     scan answer    {"pages": {"<p>": {"items": [[key, state] | [key, start, end, state], …],
                     "next": cursor | null} | {"error": …}}, "positions": …, "lags": …}
     count answer   {"counts": {"<p>": n | {"error": …}}, "positions": …, "lags": …}
-    _call keys     [[key, [partition, …]], …]  (an owner-side field's keys: app.owner_fields)
+    _call keys     [[key, [partition, …]], …]  (an owner-side field's keys: app.owner.calls)
     _call answer   {"results": [[found, value] | {"error": …, "found": found} | {"error": …}, …],
                    "positions": …, "lags": …}  (a value is boxed: a struct value {"error": …} is not
                    mistaken for an error; found: the routing store holds the key in the partitions read —

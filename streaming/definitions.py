@@ -478,7 +478,7 @@ class App:
     entities: Sequence[Entity] = ()
     #: Owner-side fields: functions run on the node owning a key (streaming.owner_fields).
     fields: Sequence[OwnerField] = ()
-    #: A static HTML page the nodes serve at /dashboard (it reads the API like any client: app.server).
+    #: A static HTML page the nodes serve at /dashboard (it reads the API like any client: app.http.server).
     dashboard: Path | None = None
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ function runs on the node serving the key's partition, with read-only views of t
 DataType; without it, the function's Python return annotation (``str``,
 ``int`` → bigint, ``float`` → double, ``bool``, ``bytes``, ``datetime``, ``date``, ``Decimal``,
 ``list[T]``, ``dict[str, T]``, ``T | None``). ``timeout_s`` bounds one key's run, and its wait for a free
-worker (TIMEOUT after it); at most ``app.cluster.peers.OWNER_FIELD_MAX_TIMEOUT_S`` (4 s), so that a peer answers
+worker (TIMEOUT after it); at most ``OWNER_FIELD_MAX_TIMEOUT_S`` (4 s), so that a peer answers
 TIMEOUT well within the peer client's timeout (5 s) rather than look down.
 
 "Read-only" is a promise of the API, not a sandbox: the views have read methods only and keep no

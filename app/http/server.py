@@ -81,7 +81,7 @@ def client_asgi(
 ) -> Any:
     """Return the clients' listener: /graphql (POST, GET, GraphiQL, subscriptions), REST, probes, /metrics.
 
-    Clients are authenticated by ``app.security.auth.AuthGate`` (with auth "none", everyone reads everything);
+    Clients are authenticated by ``app.security.gate.AuthGate`` (with auth "none", everyone reads everything);
     every request meets the limits of ``app.http.request_guard`` first. It serves no peer endpoint: a request
     to /internal/* is a coded 404 whose body is never read beyond the clients' limit.
     """

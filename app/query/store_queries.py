@@ -2,8 +2,8 @@
 
 A single node is a one-member map; there is no other query path. For each read:
 
-1. key → partitions (``app.query.routing.key_partitions``: the producers' partitioner, detected per topic; every
-   partition for a store keyed by a column; an INVALID_KEY or PARTITIONER_MISMATCH error otherwise);
+1. key → partitions (``app.query.routing.keys_partitions``: the producers' partitioner, detected per topic;
+   every partition for a store keyed by a column; an INVALID_KEY or PARTITIONER_MISMATCH error otherwise);
 2. partitions → serving replicas (``app.query.routing.plan``: the pure failover rules and the staleness bound);
 3. execute the plan: this node's partitions are read in place (``app.query.partitions``), each peer gets ONE
    forwarded sub-request for all of its reads (``app.cluster.peers``);

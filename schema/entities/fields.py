@@ -21,7 +21,7 @@ store; a bloom store cannot list its keys). Relations of the table's columns are
 lacks it): telling "no store has it" apart would read every composed store, also those the query does not
 ask for. It is null only with an error: INVALID_KEY (a key no store could hold: empty, out of range) or
 INVALID_ARGUMENT. Every field reads through the request's loaders with the root field's ``maxLag``, all the
-entities of one field together (schema.batches).
+entities of one field together (schema.entities.batches).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The object type of an entity: ``key``, the table's columns (and their relations), then one field per store.
 
-Each field but ``key`` reads one store for its entity's batch (schema.batches) and says so in ``Reads``:
+Each field but ``key`` reads one store for its entity's batch (schema.entities.batches) and says so in ``Reads``:
 the name of the read and how to start it, given the field's arguments, so that a root field can start
 every read its selection asks before it returns (``read_ahead``); the field then takes its result at once.
 """

@@ -9,8 +9,8 @@ integer column to a String key, digits to a Long key, anything else an INVALID_K
 null target is null without an error, and a target no store has is an entity whose fields are null (as
 ``customer(key)`` is). ``maxLag`` bounds the target's reads (none: the request's bound, as for a root
 field; a relation does not take the bound of the field it is under). The relations of an entity's table
-columns are fields of the entity too (schema.entity_type). Targets are read a depth at a time: see
-schema.batches.
+columns are fields of the entity too (schema.entities.object_type). Targets are read a depth at a time: see
+schema.entities.batches.
 """
 
 from __future__ import annotations

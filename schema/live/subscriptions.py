@@ -18,8 +18,8 @@ keys, from, after)``                snapshot }``: the keys' windows starting at 
 A subscriber that falls behind gets the latest value of a key (window) once, with ``dropped`` counting the
 values it replaced; one that falls too far behind gets the values read again from the store
 (``snapshot: true``), which hold everything it missed. Events come in offset order per partition. A ranking's
-top is followed by ``<ranking>WatchTop(group, first)`` (schema.live_rankings), an entity's keys by
-``<entity>Watch(keys)`` (schema.live_entities). The fields follow ``Context.live``
+top is followed by ``<ranking>WatchTop(group, first)`` (schema.live.rankings), an entity's keys by
+``<entity>Watch(keys)`` (schema.live.entities). The fields follow ``Context.live``
 (``schema.types.LiveQueries``); every failure — a store the caller may not read, too many keys, a key this
 node cannot follow — ends the subscription with one coded error.
 """
