@@ -184,8 +184,9 @@ def main() -> int:
     for figures in runs:
         print(
             f"{figures['events']:>10,} events: replay {figures['replay_s']:7.1f} s; changelog "
-            f"{figures['changelog_written_mb']:.1f} MB after the replay, {figures['changelog_cleaned_mb']:.1f} MB after "
-            f"cleaning ({figures['cleaning_s']:.0f} s); restore {figures['restore_s']:6.1f} s "
+            f"{figures['changelog_written_mb']:.1f} MB after the replay, "
+            f"{figures['changelog_cleaned_mb']:.1f} MB after cleaning ({figures['cleaning_s']:.0f} s); "
+            f"restore {figures['restore_s']:6.1f} s "
             f"({figures['changelog_records']:,} changelog records, {figures['changelog_mb']:.1f} MB read; "
             f"{figures['restored_entries']:,} entries restored, {figures['replayed_entries']:,} replayed)"
         )

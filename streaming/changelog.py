@@ -231,11 +231,12 @@ class ChangelogWriter:
         offsets: list[int] = []
         errors: list[KafkaError] = []
 
-        def delivered(error: KafkaError | None, message: Message) -> None:
-            if error is not None:
-                errors.append(error)
+        def delivered(error: KafkaError | None, message: Message) -> None:  # must not raise: librdkafka calls it
+            offset = message.offset()  # within flush(), and a raise would turn the next call into a SystemError
+            if error is not None or offset is None:
+                errors.append(error or KafkaError(KafkaError._BAD_MSG, "delivered without an offset"))
             else:
-                offsets.append(_offset(message))
+                offsets.append(offset)
 
         try:
             producer.begin_transaction()
