@@ -162,6 +162,8 @@ class QuerySupervisor:
         log.warning("a streaming query died (%s); restarting %s (death %d in a row)", first_line, when, self._in_a_row)
 
     def _restart(self, now: float) -> None:
+        with self._lock:
+            self._kafka_was_away = False  # one restart at once after Kafka's return; a failed one waits its back-off
         try:
             self.runner.restart()
         except Exception as exc:  # noqa: BLE001 - a restart that fails counts as one more death
@@ -172,7 +174,6 @@ class QuerySupervisor:
             self._restarts += 1
             self._dead_since = None
             self._restarted_at = now
-            self._kafka_was_away = False
         log.warning("streaming queries restarted (restart %d)", self._restarts)
 
     def _forgive(self, now: float) -> None:

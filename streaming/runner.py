@@ -337,19 +337,22 @@ class StreamRunner:
         if self.changelogs is None or not opened:
             return
         changelogs = self.changelogs
-        targets = changelogs.end_offsets(topic, sorted(opened)) if self.logged(topic) else {}
 
-        def restore(partition: int) -> None:
-            if self.writes_changelog(topic, partition):  # fence the last writer first: a rebuild resets it
-                changelogs.writer(topic).take_over(partition)
+        def fence(partition: int) -> None:
+            if self.writes_changelog(topic, partition):  # fence the last writer first (its open transaction is
+                changelogs.writer(topic).take_over(partition)  # aborted, so the restore's end is its last batch)
             elif self.logged(topic):
                 changelogs.writer(topic).release(partition)  # a standby running the pipeline writes none
-            if self.logged(topic):
-                changelogs.restore(topic, opened[partition], target=targets[partition])
 
         with ThreadPoolExecutor(max_workers=len(opened), thread_name_prefix=f"restore-{topic}") as pool:
-            for done in [pool.submit(restore, partition) for partition in opened]:
-                done.result()  # the first failure is raised, after every restore ended
+            for fenced in [pool.submit(fence, partition) for partition in opened]:
+                fenced.result()  # the first failure is raised, after every one ended
+            if not self.logged(topic):
+                return
+            targets = changelogs.end_offsets(topic, sorted(opened))
+            restores = [pool.submit(changelogs.restore, topic, opened[p], target=targets[p]) for p in opened]
+            for done in restores:
+                done.result()
 
     def _tombstones_kept(self, stores: PartitionStores, horizon_s: float) -> PartitionStores:
         """Return a table partition's stores, rebuilt from scratch if they stopped applying longer ago than the

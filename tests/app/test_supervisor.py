@@ -234,3 +234,23 @@ def test_librdkafkas_connection_failures_are_dropped_and_other_lines_kept() -> N
     assert not noise.filter(record(refused))
     assert noise.filter(record("FAIL [rdkafka#producer-9] [thrd:main]: Fatal error: Broker: Producer fenced"))
     assert noise.filter(record("a streaming query died (Connection refused); restarting as soon as Kafka answers"))
+
+
+def test_a_restart_that_fails_after_kafkas_return_waits_its_backoff_again() -> None:
+    runner, clock, kafka = Runner(), Clock(), Kafka()
+    supervisor = QuerySupervisor(runner, backoff=Backoff(4.0, 60.0), clock=clock, kafka_reachable=kafka)
+    kafka.up = False
+    runner.dead = RuntimeError("could not list offsets")
+    supervisor.check()
+    kafka.up, runner.broken = True, True
+    clock.now += 1.0
+    supervisor.check()  # Kafka back: one restart at once, which fails
+    assert supervisor.status().deaths_in_a_row == 2
+    runner.broken = False
+    for _ in range(3):  # then the back-off of a second death (8 s), not a restart every round
+        clock.now += 1.0
+        supervisor.check()
+    assert runner.restarts == 0
+    clock.now += 6.0
+    supervisor.check()
+    assert runner.restarts == 1
