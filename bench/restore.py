@@ -91,7 +91,7 @@ def ready_after(runner: StreamRunner, topic: str, timeout: float) -> float:
 
 def changelog_bytes(broker: KafkaBroker, changelog: str) -> int:
     """Return the bytes of changelog's partitions on the broker's disk (segments and indexes)."""
-    dirs = [d for d in broker._log_dir.iterdir() if d.name.rsplit("-", 1)[0] == changelog]
+    dirs = [d for d in broker.log_dir.iterdir() if d.name.rsplit("-", 1)[0] == changelog]
     return sum(f.stat().st_size for d in dirs for f in d.iterdir() if f.suffix == ".log")
 
 

@@ -627,7 +627,7 @@ class KafkaBroker(_Endpoint):
     def _prepare(self, java: str, jars: Path) -> list[str] | None:
         """Write the config files; return the command that formats the log dir for KRaft, None if it is formatted."""
         config = self._write_config()
-        if (self._log_dir / "meta.properties").exists():
+        if (self.log_dir / "meta.properties").exists():
             return None
         self.cluster_id = self.cluster_id or _new_cluster_id()
         # what `kafka-storage.sh format` runs, with the static quorum of controller.quorum.voters
@@ -635,7 +635,7 @@ class KafkaBroker(_Endpoint):
         return [*command, "-t", self.cluster_id, "-c", str(config)]
 
     @property
-    def _log_dir(self) -> Path:
+    def log_dir(self) -> Path:
         """Return the broker's one log dir, which also holds the KRaft metadata log."""
         return self.directory / "logs"
 
@@ -652,7 +652,7 @@ class KafkaBroker(_Endpoint):
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(self._log_dir),
+            "log.dirs": str(self.log_dir),
             **ONE_MACHINE_PROPERTIES,
             **self.properties,
         }
