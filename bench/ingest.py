@@ -55,9 +55,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from iqgraph.examples.shop import build_app, generate_orders  # noqa: E402
 from iqgraph.stores import StateDirectory  # noqa: E402
-from iqgraph.streaming.apache_kafka import KafkaBroker, ensure_kafka_jars  # noqa: E402
+from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
 from iqgraph.streaming.broker import JAVA_PARTITIONER, produce  # noqa: E402
 from iqgraph.streaming.definitions import App  # noqa: E402
+from iqgraph.streaming.kafka_jars import ensure_kafka_jars  # noqa: E402
 from iqgraph.streaming.partitioner import partition_for  # noqa: E402
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner  # noqa: E402
 from iqgraph.streaming.session import build_spark_session  # noqa: E402

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import httpx
 
-from iqgraph.streaming.apache_kafka import KafkaBroker, ensure_kafka_jars
+from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.broker import free_port
+from iqgraph.streaming.kafka_jars import ensure_kafka_jars
 from tests.support.nodes import start_node, write_app_module
 
 PARTITIONS = 6

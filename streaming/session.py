@@ -5,7 +5,7 @@ session time zone, loopback driver address, and Spark's own logging turned down 
 run the interpreter that builds the session, so the Python Data Source and the sinks import this project.
 
 Spark's own Kafka source (``format("kafka")``, the runner's default) comes from the connector jars fetched at
-install time (``python -m iqgraph.streaming.apache_kafka fetch``: ``streaming.apache_kafka.SPARK_KAFKA_JARS``),
+install time (``python -m iqgraph.streaming.apache_kafka fetch``: ``streaming.kafka_jars.SPARK_KAFKA_JARS``),
 given to the session as ``spark.jars`` (after any the caller sets): on a cluster Spark ships them to the
 executors. Without them, or with a pyspark of another version than the connector's, building the session
 raises `JarsError` in one line saying what to run. ``kafka_connector=False`` builds a session without them.
@@ -14,10 +14,17 @@ On a cluster (any master but ``local``), executors import what the driver pickle
 transform that calls a plain function of the user's module needs that module on every executor. ``ship_module``
 adds the user's top-level package (zipped) or module file to the session (``SparkContext.addPyFile``) unless
 it is installed (site-packages) or is iqgraph itself: those must be installed on the workers.
+
+Spark's JVM writes its output (log4j's lines, its Python workers' stderr) into pipes this process passes on to
+its own stdout and stderr (``_start_jvm``), not into the files it was given: when this process is killed (kill -9),
+the JVM — which exits once its stdin closes — first fails the micro-batch in flight (its foreachBatch function
+is gone) and logged ~100 lines (a ~70-line FOREACH_BATCH_USER_FUNCTION_ERROR … Connection reset stack trace,
+lost tasks) into a dead node's log; with nobody reading its pipes, it writes nothing there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -25,13 +32,16 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 import pyspark
+from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
-from iqgraph.streaming.apache_kafka import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError, spark_kafka_jars
+from iqgraph.streaming.kafka_jars import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError, spark_kafka_jars
 
 __all__ = ["build_spark_session", "kafka_connector_jars", "ship_module"]
 log = logging.getLogger(__name__)
@@ -84,9 +94,43 @@ def build_spark_session(
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
+    _start_jvm({"spark.master": master, "spark.app.name": app_name, **conf})
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
+
+
+def _start_jvm(conf: Mapping[str, str]) -> None:
+    """Start Spark's JVM and its SparkContext with conf, the JVM's stdout and stderr passed on by this process.
+
+    Nothing to do when this process already has a JVM (a session built before) or is given one (pyspark's
+    ``PYSPARK_GATEWAY_PORT``, as under spark-submit): the builder then uses it.
+    """
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    pipes = [os.pipe(), os.pipe()]  # the JVM's stdout, stderr
+    try:
+        gateway = launch_gateway(SparkConf().setAll(list(conf.items())), {"stdout": pipes[0][1], "stderr": pipes[1][1]})
+    except BaseException:
+        for read_end, _ in pipes:
+            os.close(read_end)
+        raise
+    finally:
+        for _, write_end in pipes:
+            os.close(write_end)  # the JVM holds them: once it exits, the readers see the end
+    for (read_end, _), target in zip(pipes, (1, 2), strict=True):  # where it wrote before: our stdout, stderr
+        threading.Thread(target=_pass_on, args=(read_end, target), name="spark-jvm-output", daemon=True).start()
+    SparkContext(conf=SparkConf().setAll(list(conf.items())), gateway=gateway)  # builder.getOrCreate() takes it up
+
+
+def _pass_on(read_end: int, target: int) -> None:
+    """Copy what the JVM writes to read_end onto target until the JVM closes it."""
+    with os.fdopen(read_end, "rb", buffering=0) as source:
+        while chunk := source.read(65536):
+            left = memoryview(chunk)
+            with contextlib.suppress(OSError):  # nowhere to write: drop it, and go on reading (the JVM never blocks)
+                while left:
+                    left = left[os.write(target, left) :]
 
 
 def kafka_connector_jars() -> list[Path]:

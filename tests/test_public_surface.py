@@ -1,7 +1,7 @@
 """One public surface: what a user writes comes from ``iqgraph``, and the examples and the README prove it.
 
 httpx's rule: every module is private and the package is the door. The examples (examples/*.py) and every
-Python block of the README import only the top-level ``iqgraph`` (never ``iqgraph.streaming.definitions`` or
+Python block of the README and of the docs pages import only the top-level ``iqgraph`` (never ``iqgraph.streaming.definitions`` or
 a relative import), each name they take from it is exported, and every error a user can fix at start is an
 ``iqgraph.UserError``.
 """
@@ -23,11 +23,11 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 
 def _sources() -> Iterator[tuple[str, int, str]]:
-    """Yield (file, the line before the code's first, code) for every example and every Python block of the README."""
+    """Yield (file, the line before the code's first, code) for every example and every Python block of the README
+    and the docs pages."""
     for path in EXAMPLES:
         yield str(path.relative_to(ROOT)), 0, path.read_text()
-    for fence, code in readme_python_blocks():
-        yield "README.md", fence, code
+    yield from readme_python_blocks()  # the README's and the docs pages'
 
 
 SOURCES = list(_sources())
@@ -89,8 +89,8 @@ def _user_errors() -> list[Any]:
     from iqgraph.app.node import NodeStartError
     from iqgraph.app.settings import SettingsError
     from iqgraph.schema import SchemaDefinitionError
-    from iqgraph.streaming.apache_kafka import JarsError
     from iqgraph.streaming.broker import BrokerError
+    from iqgraph.streaming.kafka_jars import JarsError
 
     return [
         AppLoadError,

@@ -34,8 +34,9 @@ import orjson
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
-from iqgraph.streaming.apache_kafka import KafkaBroker, KafkaCluster, ensure_kafka_jars
+from iqgraph.streaming.apache_kafka import KafkaBroker, KafkaCluster
 from iqgraph.streaming.broker import BATCHING, JAVA_PARTITIONER, free_port
+from iqgraph.streaming.kafka_jars import ensure_kafka_jars
 from iqgraph.streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
 from tests.support.nodes import NodeProcess, start_node, wait_ready
 

@@ -14,15 +14,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource
 
-from iqgraph.streaming.apache_kafka import (
-    HOME_ENV,
-    KAFKA_VERSION,
-    KafkaBroker,
-    KafkaCluster,
-    ensure_kafka_jars,
-    locked_jars,
-)
+from iqgraph.streaming.apache_kafka import KafkaBroker, KafkaCluster
 from iqgraph.streaming.broker import BrokerError
+from iqgraph.streaming.kafka_jars import HOME_ENV, KAFKA_VERSION, ensure_kafka_jars, locked_jars
 
 #: The issue's target for the embedded broker's start (launch to ready), cold or warm.
 START_DEADLINE = 10.0

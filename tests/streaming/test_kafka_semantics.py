@@ -26,16 +26,16 @@ from iqgraph.app.query.partitions import LocalPartitions
 from iqgraph.schema.errors import ApiError, api_error
 from iqgraph.stores import OffsetGapError, PartitionState, PartitionStores, StateDirectory
 from iqgraph.streaming import session as session_module
-from iqgraph.streaming.apache_kafka import (
+from iqgraph.streaming.apache_kafka import KafkaBroker
+from iqgraph.streaming.broker import JAVA_PARTITIONER
+from iqgraph.streaming.definitions import App, Topic, count, key_value_store, sum_, table_store
+from iqgraph.streaming.kafka_jars import (
     SPARK_KAFKA_HOME_ENV,
     SPARK_KAFKA_JARS,
     SPARK_KAFKA_VERSION,
     JarsError,
-    KafkaBroker,
     ensure_kafka_jars,
 )
-from iqgraph.streaming.broker import JAVA_PARTITIONER
-from iqgraph.streaming.definitions import App, Topic, count, key_value_store, sum_, table_store
 from iqgraph.streaming.partitioner import partition_for
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner, source_options
 from iqgraph.streaming.sink import BatchOffsets, OffsetLog, PartitionBatch, StoreSink
