@@ -7,7 +7,6 @@ set of down peers. A peer that does not answer is down until it answers again.
 
 from __future__ import annotations
 
-import logging
 import ssl
 import threading
 
@@ -16,8 +15,6 @@ import httpx
 from iqgraph.app.cluster.membership import Membership, StaticMembership
 from iqgraph.app.cluster.replicas import PeerStates
 from iqgraph.schema.wire import READY_PATH, decode_partition
-
-log = logging.getLogger(__name__)
 
 
 class PeerHealth:
@@ -68,7 +65,5 @@ class PeerHealth:
             while not self._stop.is_set():
                 down = self.check(client)
                 if isinstance(self.membership, StaticMembership):
-                    if down != self.membership.current().down:
-                        log.warning("peers down: %s", ", ".join(sorted(down)) or "none")
-                    self.membership.set_down(down)
+                    self.membership.set_down(down)  # which logs a change ("peers down: …")
                 self._stop.wait(self.interval_s)

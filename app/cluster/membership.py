@@ -12,10 +12,13 @@ sending the request there is the peer client's job.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -202,12 +205,17 @@ class StaticMembership:
         self.set_down(self._map.down | {node_id})
 
     def set_down(self, down: frozenset[str]) -> None:
-        """Record which peers failed their health check (this node is never down to itself)."""
+        """Record which peers failed their health check (this node is never down to itself).
+
+        A change is logged once, "peers down: a, b" (or "none"), whichever path saw it: the poller, or a
+        forwarded request that failed (``mark_down``), which often notices a dead peer first.
+        """
         down = down - {self.node_id}
         with self._lock:
             if down == self._map.down:
                 return
             self._map = ClusterMap(self._map.generation + 1, self._base.members, self._base.owners, down)
+            log.warning("peers down: %s", ", ".join(sorted(down)) or "none")
         for callback in self._callbacks:
             callback(self._map)
 
