@@ -1,9 +1,9 @@
 """One public surface: what a user writes comes from ``iqgraph``, and the examples and the README prove it.
 
 httpx's rule: every module is private and the package is the door. The examples (examples/*.py) and every
-Python block of the README and of the docs pages import only the top-level ``iqgraph`` (never ``iqgraph.streaming.definitions`` or
-a relative import), each name they take from it is exported, and every error a user can fix at start is an
-``iqgraph.UserError``.
+Python block of the README and of the docs pages import only the top-level ``iqgraph`` (never
+``iqgraph.streaming.definitions`` or a relative import), each name they take from it is exported, and every
+error a user can fix at start is an ``iqgraph.UserError``.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from iqgraph.streaming.partitioner import partition_for
 from tests.conftest import MakeTopic
 from tests.support.cli import iqgraph
 from tests.support.nodes import stop_noise
+from tests.support.readme_blocks import your_app_queries
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PARTITIONS = 9
@@ -39,6 +40,12 @@ def readme_app() -> str:
     """Return the app the README's "Your own app" walk-through tells a new user to write."""
     section = README.read_text().split("## Your own app", 1)[1]
     return textwrap.dedent(re.search(r"```python\n(.*?)```", section, flags=re.S).group(1))  # type: ignore[union-attr]
+
+
+def readme_curl_paths() -> list[str]:
+    """Return the paths of the curl lines of the README's "Your own app" walk-through."""
+    section = README.read_text().split("## Your own app", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"curl -s '?localhost:8000(/[^' ]+)", section)
 
 
 def write_project(home: Path, topic: str) -> None:
@@ -265,6 +272,8 @@ def test_dev_serves_a_users_app_from_a_file_stops_cleanly_on_ctrl_c_and_goes_on_
         dev.read_until("Ctrl-C stops everything")
         url = f"http://127.0.0.1:{port}"
         response = httpx.post(f"{url}/graphql", json={"query": query}, timeout=30).json()
+        readme_answers = [httpx.post(f"{url}/graphql", json={"query": q}, timeout=30) for q in your_app_queries()]
+        readme_rest = [httpx.get(url + path, timeout=30) for path in readme_curl_paths()]
         followed = first_event(url, subscription)
         served_page = httpx.get(f"{url}/dashboard", timeout=30)
     except BaseException:
@@ -287,6 +296,17 @@ def test_dev_serves_a_users_app_from_a_file_stops_cleanly_on_ctrl_c_and_goes_on_
     assert response["data"]["lastBooking"]["get"]["amount"] == mine[-1]["amount"]
     assert response["data"]["hotelsBooked"]["mightContain"] is True
     assert Counter(r["key"] for r in records)[guest] == len(mine)
+    # README "Your own app", step 5: its query and its curl line answer on the app it wrote, from the data
+    guest_001 = [r["value"] for r in records if r["key"] == "guest-001"]
+    assert len(readme_answers) == 1 and readme_answers[0].json() == {
+        "data": {
+            "bookingsPerGuest": {"get": len(guest_001)},
+            "lastBooking": {"get": {k: guest_001[-1][k] for k in ("hotel", "nights", "amount")}},
+            "hotelsBooked": {"mightContain": True},
+        }
+    }, readme_answers[0].text
+    assert [r.status_code for r in readme_rest] == [200], [r.text for r in readme_rest]
+    assert readme_rest[0].json() == {"store": "bookings_per_guest", "key": "guest-001", "value": len(guest_001)}
     steps = [line.split(": ", 1)[1].strip() for line in output.splitlines() if line.startswith("iqgraph dev: stop")]
     assert steps == ["stopping node-0", "stopping the broker", "stopped"], output
     assert dev.process.returncode == 0, output
