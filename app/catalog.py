@@ -9,14 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from iqgraph.schema.types import EntityInfo, RelationInfo, StoreInfo
-from iqgraph.stores import StoreKind, UnknownStoreError
+from iqgraph.stores import FAR_FUTURE, FAR_PAST, StoreKind, UnknownStoreError, store_class
 from iqgraph.streaming.definitions import App, StoreDefinition
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType
 
-#: The widest window time range: a window read without bounds.
-FAR_PAST, FAR_FUTURE = -(1 << 62), 1 << 62
+__all__ = ["FAR_FUTURE", "FAR_PAST", "definition_of", "entity_infos", "store_info"]
 
 
 def store_info(app: App, store: StoreDefinition, value_type: DataType) -> StoreInfo:
@@ -31,13 +30,13 @@ def store_info(app: App, store: StoreDefinition, value_type: DataType) -> StoreI
         partitions=topic.partitions,
         co_partitioned=store.co_partitioned,
         description=store.description,
-        aggregation=None if store.kind in (StoreKind.BLOOM, StoreKind.RANKING) else store.aggregate.kind,
+        aggregation=store.aggregate.kind if store_class(store.kind).aggregated else None,
         window_size_ms=store.window.size_ms if store.window else None,
         window_advance_ms=store.window.advance if store.window else None,
         false_positive_rate=store.bloom.error_rate if store.bloom else None,
         relations=tuple(RelationInfo(r.field, r.entity, r.column) for r in store.relations),
         table=topic.table,
-        extra={"ranks": store.ranks, "group": store.group} if store.kind is StoreKind.RANKING else {},
+        extra={"ranks": store.ranks, "group": store.group} if store.ranks is not None else {},
     )
 
 

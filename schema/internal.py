@@ -28,26 +28,10 @@ from iqgraph.schema.errors import BAD_REQUEST, ApiError, limit_exceeded, store_e
 from iqgraph.schema.limits import Limits
 from iqgraph.schema.resolving import context
 from iqgraph.schema.types import PeerQueries, Scan
+from iqgraph.stores.scans import scan_from_wire
 
 #: The internal root fields (``_call``, an owner-side field's sub-request, is schema.owner_fields').
 INTERNAL_FIELDS = ("_lookup", "_scan", "_count", "_call")
-#: The scans peers send (``app.query.store_queries``), and the arguments each takes.
-SCAN_ARGUMENTS = {
-    "range": {"from_key", "to_key"},
-    "prefix": {"prefix"},
-    "fetch_all": {"time_from", "time_to"},
-    "fetch_range": {"from_key", "to_key", "time_from", "time_to"},
-    "top": {"group"},
-}
-#: The kind of store each scan reads.
-SCAN_STORE_KIND = {
-    "range": "key_value",
-    "prefix": "key_value",
-    "fetch_all": "window",
-    "fetch_range": "window",
-    "top": "ranking",
-}
-_TIME_ARGUMENTS = {"time_from", "time_to"}
 #: The documents of point reads peers send (``wire.lookups(n)``), by their text.
 _LOOKUP_DOCUMENTS = {wire.lookups(n): n for n in range(1, wire.MAX_LOOKUPS + 1)}
 
@@ -84,24 +68,17 @@ def _checked_scan(
         raise limit_exceeded("page size (first)", 2 * limits.max_page_size, first)
     if first < 1 or any(p < 0 for p in partitions):
         raise bad_request("first", "first and partitions must be positive")
-    if not isinstance(scan, dict) or scan.get("kind") not in SCAN_ARGUMENTS:
-        raise bad_request("scan", f"not a scan this API sends; kinds: {sorted(SCAN_ARGUMENTS)}")
-    args = scan.get("args") or {}
-    if not isinstance(args, dict) or not set(args) <= SCAN_ARGUMENTS[scan["kind"]]:
-        raise bad_request("scan", f"a {scan['kind']} scan takes {sorted(SCAN_ARGUMENTS[scan['kind']])}")
-    if kind is not None and kind != SCAN_STORE_KIND[scan["kind"]]:
-        raise bad_request("scan", f"a {scan['kind']} scan reads a {SCAN_STORE_KIND[scan['kind']]} store, not a {kind}")
-    if any(type(args[a]) is not int for a in _TIME_ARGUMENTS & set(args)):
-        raise bad_request("scan", "time_from and time_to are integers")
-    if any(not (v is None or type(v) in (str, int)) for a, v in args.items() if a not in _TIME_ARGUMENTS):
-        raise bad_request("scan", "keys, prefixes and groups are strings, integers or null")
+    try:
+        request = scan_from_wire(scan, kind)  # the scan types check their own wire form (stores.scans)
+    except ValueError as exc:
+        raise bad_request("scan", str(exc)) from None
     if not isinstance(positions, dict) or not all(isinstance(c, str | None) for c in positions.values()):
         raise bad_request("positions", "expected {partition: cursor}")
     try:
         resume = {int(p): c for p, c in positions.items()}
     except ValueError:
         raise bad_request("positions", "partitions are integers") from None
-    return Scan(scan["kind"], dict(args)), resume
+    return request, resume
 
 
 def _principal(info: strawberry.Info) -> Principal:

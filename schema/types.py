@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from iqgraph.schema.access import ANONYMOUS, Principal
+from iqgraph.stores.scans import SCANS, Scan
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType
@@ -157,19 +158,9 @@ class Ranked:
     cursor: str
 
 
-SCAN_KINDS = ("range", "prefix", "fetch_all", "fetch_range", "top")
-
-
-@dataclass(frozen=True)
-class Scan:
-    """A scan of one store: its kind and arguments (JSON-able, so that it can be forwarded to a peer)."""
-
-    kind: str
-    args: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.kind not in SCAN_KINDS:
-            raise ValueError(f"unknown scan {self.kind!r}; known: {SCAN_KINDS}")
+#: The scans a store answers, as typed requests (``stores.scans``: RangeScan, PrefixScan, WindowScan,
+#: WindowRangeScan, TopScan), and their wire names.
+SCAN_KINDS = tuple(SCANS)
 
 
 @dataclass(frozen=True)

@@ -85,3 +85,20 @@ def aggregation_named(name: str) -> Aggregation:
         return AGGREGATIONS[name]
     except KeyError:
         raise ValueError(f"unknown aggregation {name!r}; known: {', '.join(AGGREGATIONS)}") from None
+
+
+class AggregatedStates:
+    """How a store whose states are an aggregation's (one per key) combines them over partitions and finalizes
+    them: the key-value and ranking stores' part of the read protocol (``stores.types.StoreReads``)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def combiner(agg: Aggregation) -> Callable[[Any, Any], Any]:
+        """Return how two partitions' states of one key combine."""
+        return lambda a, b: merge_state(agg, a, b)
+
+    @staticmethod
+    def finalizer(agg: Aggregation) -> Callable[[Any], Any] | None:
+        """Return how a read's state becomes its value."""
+        return agg.finalize

@@ -16,15 +16,20 @@ from __future__ import annotations
 import io
 import struct
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar
 
 from pybloom_live import ScalableBloomFilter
 
+from iqgraph.stores.aggregations import Aggregation
 from iqgraph.stores.codecs import Key, KeyCodec, decode_int64, encode_int64
 from iqgraph.stores.distinct import BloomBits
 from iqgraph.stores.exceptions import CorruptValueError
 from iqgraph.stores.partition import PartitionDB, PartitionTransaction
+from iqgraph.stores.scan import Page
+from iqgraph.stores.scans import Scan, refused
 from iqgraph.stores.spec import BloomSpec, StoreKind
+from iqgraph.stores.types import Lookup
 
 SNAPSHOT_KEY = b"snapshot"  # the whole snapshot, as databases written before pages hold it
 PAGES_KEY = b"pages"  # the snapshot's length in bytes (int64): its pages are page<0>..page<n-1>
@@ -44,10 +49,14 @@ def pages_of(snapshot: bytes) -> list[bytes]:
 class BloomStore:
     """Set membership with a bounded false-positive rate and no false negatives."""
 
+    kind: ClassVar[StoreKind] = StoreKind.BLOOM
+    windowed: ClassVar[bool] = False
+    aggregated: ClassVar[bool] = False
+
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
         spec = db.spec(name)
-        if spec.kind is not StoreKind.BLOOM or spec.bloom is None:
+        if spec.kind is not self.kind or spec.bloom is None:
             raise TypeError(f"store {name!r} is a {spec.kind.value} store, not bloom")
         self.bloom: BloomSpec = spec.bloom
         self.name = name
@@ -121,6 +130,34 @@ class BloomStore:
         snapshot = io.BytesIO()
         bloom.tofile(snapshot)
         return BloomBits(snapshot.getvalue())
+
+    # -- the read protocol (``stores.types.StoreReads``) --------------------------------------------
+
+    @staticmethod
+    def combiner(agg: Aggregation) -> Callable[[Any, Any], Any]:
+        """Return how two partitions' answers for one key combine: added in either."""
+        return lambda a, b: bool(a) or bool(b)
+
+    @staticmethod
+    def finalizer(agg: Aggregation) -> Callable[[Any], Any] | None:
+        """Return None: an answer is its value."""
+        return None
+
+    def read_states(self, lookups: Sequence[Lookup]) -> list[Any]:
+        """Return per lookup whether its key was probably added."""
+        return self.might_contain_many([lookup[0] for lookup in lookups])
+
+    def contains_many(self, keys: Sequence[Key]) -> list[bool]:
+        """Return per key whether it was probably added."""
+        return self.might_contain_many(keys)
+
+    def page(self, scan: Scan, first: int, after: str | None) -> Page[Any]:
+        """Refuse: a bloom filter keeps no keys to scan."""
+        raise refused(scan, self.name, self.kind)
+
+    def read_count(self, exact: bool, distinct: bool) -> int | BloomBits:
+        """Return the filters' estimate of the keys added (never exact); distinct: the filter, to count a union."""
+        return self.bits() if distinct else self.approximate_count()
 
     def add(self, tx: PartitionTransaction, keys: Iterable[Key]) -> None:
         """Add keys when tx commits, together with a snapshot of the filter."""

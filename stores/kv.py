@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from iqgraph.stores.aggregations import Aggregation, merge_state
+from iqgraph.stores.aggregations import AggregatedStates, Aggregation, merge_state
 from iqgraph.stores.codecs import Key, KeyCodec, decode_value, decode_values, encode_value, encode_values
+from iqgraph.stores.distinct import KeyDigests
 from iqgraph.stores.partition import PartitionDB, PartitionTransaction, entries_counter
 from iqgraph.stores.positions import KeyPositions, latest_positions
 from iqgraph.stores.scan import Page, inclusive_stop, paginate, prefix_stop
+from iqgraph.stores.scans import PrefixScan, RangeScan, Scan, refused
 from iqgraph.stores.spec import StoreKind
+from iqgraph.stores.types import Lookup
 
 DEFAULT_PAGE = 100
 
@@ -29,13 +32,18 @@ class Merged:
     changed: dict[bytes, int] = field(default_factory=dict)
 
 
-class KeyValueStore:
+class KeyValueStore(AggregatedStates):
     """Latest value, count, sum, min, max or avg per key, in one partition database."""
+
+    kind: ClassVar[StoreKind] = StoreKind.KEY_VALUE
+    #: whether a read's states are windows (their wire form: ``schema.wire``), and whether they are aggregated
+    windowed: ClassVar[bool] = False
+    aggregated: ClassVar[bool] = True
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
         self.spec = db.spec(name)
-        if self.spec.kind is not StoreKind.KEY_VALUE:
+        if self.spec.kind is not self.kind:
             raise TypeError(f"store {name!r} is a {self.spec.kind.value} store, not key_value")
         self.name = name
         self.codec = KeyCodec(self.spec.key_type)
@@ -111,6 +119,30 @@ class KeyValueStore:
         """Return the exact number of keys in this partition's store, as of the last committed batch."""
         self.db.check_queryable()
         return self.db.counter(self._entries_counter)
+
+    # -- the read protocol (``stores.types.StoreReads``) --------------------------------------------
+
+    def read_states(self, lookups: Sequence[Lookup]) -> list[Any]:
+        """Return each lookup's state (None where missing), in one RocksDB multi-get."""
+        return self.multi_get([lookup[0] for lookup in lookups], states=True)
+
+    def contains_many(self, keys: Sequence[Key]) -> list[bool]:
+        """Return per key whether the store holds it."""
+        return [state is not None for state in self.multi_get(keys, states=True)]
+
+    def page(self, scan: Scan, first: int, after: str | None) -> Page[Any]:
+        """Return a page of a range or prefix scan's (key, state) entries, resumed after the cursor."""
+        if isinstance(scan, RangeScan):
+            return self.range(scan.from_key, scan.to_key, first, after, states=True)
+        if isinstance(scan, PrefixScan):
+            return self.prefix(scan.prefix, first, after, states=True)
+        raise refused(scan, self.name, self.kind)
+
+    def read_count(self, exact: bool, distinct: bool) -> int | KeyDigests:
+        """Return the keys stored: exact or RocksDB's estimate; distinct (exact): their digests, to count a union."""
+        if distinct and exact:
+            return self.db.key_digests(self.name)
+        return self.count() if exact else self.approximate_num_entries()
 
     def _count_entries(self, tx: PartitionTransaction, added: int) -> None:
         if added:

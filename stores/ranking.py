@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
+from iqgraph.stores.aggregations import AggregatedStates
 from iqgraph.stores.codecs import Key, KeyCodec, decode_value, decode_values, encode_value
 from iqgraph.stores.partition import PartitionDB, PartitionTransaction, entries_counter
 from iqgraph.stores.scan import Page, paginate, prefix_stop
+from iqgraph.stores.scans import Scan, TopScan, refused
 from iqgraph.stores.spec import StoreKind
+from iqgraph.stores.types import Lookup
 
 #: ``update``'s group for a member whose group did not change in the batch: keep the one indexed.
 KEEP_GROUP: Any = object()
@@ -82,13 +85,17 @@ class IndexEntry(NamedTuple):
     index_key: bytes
 
 
-class RankingStore:
+class RankingStore(AggregatedStates):
     """The members of another store ranked by value, per group and among all, in one partition database."""
+
+    kind: ClassVar[StoreKind] = StoreKind.RANKING
+    windowed: ClassVar[bool] = False
+    aggregated: ClassVar[bool] = False
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
         self.spec = db.spec(name)
-        if self.spec.kind is not StoreKind.RANKING:
+        if self.spec.kind is not self.kind:
             raise TypeError(f"store {name!r} is a {self.spec.kind.value} store, not ranking")
         self.name = name
         self.index = index_family(name)
@@ -158,3 +165,23 @@ class RankingStore:
         """Return the number of members this partition ranks (indexed or not), as of the last batch."""
         self.db.check_queryable()
         return self.db.counter(self._entries_counter)
+
+    # -- the read protocol (``stores.types.StoreReads``) --------------------------------------------
+
+    def read_states(self, lookups: Sequence[Lookup]) -> list[Any]:
+        """Refuse: a ranking keeps no value per key to read (its top is a scan)."""
+        raise TypeError(f"store {self.name!r} is a ranking: it answers top scans, not point reads")
+
+    def contains_many(self, keys: Sequence[Key]) -> list[bool]:
+        """Return per member whether this partition ranks it."""
+        return [self.entry(k) is not None for k in keys]
+
+    def page(self, scan: Scan, first: int, after: str | None) -> Page[Any]:
+        """Return a page of a top scan's index entries, resumed after the cursor."""
+        if isinstance(scan, TopScan):
+            return self.top(scan.group, first, after)
+        raise refused(scan, self.name, self.kind)
+
+    def read_count(self, exact: bool, distinct: bool) -> int:
+        """Return the members this partition ranks (always exact: a member lives in one partition)."""
+        return self.count()

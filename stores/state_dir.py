@@ -15,23 +15,16 @@ from typing import TypeVar
 
 from iqgraph.stores.bloom import BloomStore
 from iqgraph.stores.exceptions import StateDirError, StateDirLockedError
+from iqgraph.stores.kinds import StoreView, store_class
 from iqgraph.stores.kv import KeyValueStore
 from iqgraph.stores.partition import PartitionDB
 from iqgraph.stores.ranking import RankingStore
-from iqgraph.stores.spec import StoreKind, StoreSpec
+from iqgraph.stores.spec import StoreSpec
 from iqgraph.stores.window import WindowStore
 
 MARKER = ".iqgraph-state"
 MARKER_FORMAT = 1
 _PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
-
-StoreView = KeyValueStore | WindowStore | BloomStore | RankingStore
-_VIEWS: dict[StoreKind, type[StoreView]] = {
-    StoreKind.KEY_VALUE: KeyValueStore,
-    StoreKind.WINDOW: WindowStore,
-    StoreKind.BLOOM: BloomStore,
-    StoreKind.RANKING: RankingStore,
-}
 
 
 class PartitionStores:
@@ -42,10 +35,10 @@ class PartitionStores:
         self._views: dict[str, StoreView] = {}
 
     def store(self, name: str) -> StoreView:
-        """Return the view of store name, whatever its kind."""
+        """Return the view of store name, whatever its kind: what the read protocol (``stores.types``) is asked."""
         view = self._views.get(name)
         if view is None:
-            view = self._views[name] = _VIEWS[self.db.spec(name).kind](self.db, name)
+            view = self._views[name] = store_class(self.db.spec(name).kind)(self.db, name)
         return view
 
     def kv(self, name: str) -> KeyValueStore:

@@ -10,16 +10,19 @@ time applied), the count of late records and the exact number of (key, window) e
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from iqgraph.stores.aggregations import Aggregation, merge_state
 from iqgraph.stores.codecs import Key, KeyCodec, decode_int64, decode_value, encode_int64, encode_value
+from iqgraph.stores.distinct import KeyDigests
 from iqgraph.stores.partition import META_CF, PartitionDB, PartitionTransaction, entries_counter
 from iqgraph.stores.positions import KeyPositions
 from iqgraph.stores.scan import Page, inclusive_stop, paginate, scan
+from iqgraph.stores.scans import FAR_FUTURE, FAR_PAST, Scan, WindowRangeScan, WindowScan, refused
 from iqgraph.stores.spec import StoreKind, WindowSpec
+from iqgraph.stores.types import Lookup
 
 DEFAULT_PAGE = 100
 NO_TIME = -(1 << 63)
@@ -35,13 +38,33 @@ class WindowedValue:
     value: Any
 
 
+def merge_windows(agg: Aggregation, a: Sequence[WindowedValue], b: Sequence[WindowedValue]) -> list[WindowedValue]:
+    """Return the windows of a and b, those with the same start combined, in time order."""
+    by_start = {w.start: w for w in a}
+    for w in b:
+        old = by_start.get(w.start)
+        by_start[w.start] = (
+            w if old is None else WindowedValue(w.key, w.start, w.end, merge_state(agg, old.value, w.value))
+        )
+    return [by_start[s] for s in sorted(by_start)]
+
+
+def final_window(agg: Aggregation, window: WindowedValue) -> WindowedValue:
+    """Return window with its state finalized into a value."""
+    return WindowedValue(window.key, window.start, window.end, agg.finalize(window.value))
+
+
 class WindowStore:
     """Tumbling or hopping window aggregates per key, in one partition database."""
+
+    kind: ClassVar[StoreKind] = StoreKind.WINDOW
+    windowed: ClassVar[bool] = True
+    aggregated: ClassVar[bool] = True
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
         self.spec = db.spec(name)
-        if self.spec.kind is not StoreKind.WINDOW or self.spec.window is None:
+        if self.spec.kind is not self.kind or self.spec.window is None:
             raise TypeError(f"store {name!r} is a {self.spec.kind.value} store, not window")
         self.window: WindowSpec = self.spec.window
         self.name = name
@@ -161,6 +184,45 @@ class WindowStore:
             self._state_entry if states else self._entry,
             keep=lambda k: low <= k[-8:] <= high,
         )
+
+    # -- the read protocol (``stores.types.StoreReads``) --------------------------------------------
+
+    @staticmethod
+    def combiner(agg: Aggregation) -> Callable[[Any, Any], Any]:
+        """Return how two partitions' windows of one key combine (windows with the same start merged)."""
+        return lambda a, b: merge_windows(agg, a or [], b or [])
+
+    @staticmethod
+    def finalizer(agg: Aggregation) -> Callable[[Any], Any] | None:
+        """Return how a read's windows' states become values."""
+        return lambda windows: [final_window(agg, w) for w in windows]
+
+    def read_states(self, lookups: Sequence[Lookup]) -> list[Any]:
+        """Return each lookup's windows with start in its range (None: open), states, oldest first."""
+        return [
+            self.fetch(k, FAR_PAST if lo is None else lo, FAR_FUTURE if hi is None else hi, states=True)
+            for k, lo, hi in lookups
+        ]
+
+    def contains_many(self, keys: Sequence[Key]) -> list[bool]:
+        """Return per key whether the store holds a window of it."""
+        return [bool(self.fetch_range(k, k, FAR_PAST, FAR_FUTURE, 1, states=True).items) for k in keys]
+
+    def page(self, scan: Scan, first: int, after: str | None) -> Page[Any]:
+        """Return a page of a window scan's windows (states), resumed after the cursor."""
+        if isinstance(scan, WindowScan):
+            return self.fetch_all(scan.time_from, scan.time_to, first, after, states=True)
+        if isinstance(scan, WindowRangeScan):
+            return self.fetch_range(scan.from_key, scan.to_key, scan.time_from, scan.time_to, first, after, states=True)
+        raise refused(scan, self.name, self.kind)
+
+    def read_count(self, exact: bool, distinct: bool) -> int | KeyDigests:
+        """Return the (key, window) entries: exact or RocksDB's estimate; distinct (exact): the keys' digests."""
+        if distinct and exact:
+            return self.db.key_digests(self.name)
+        if exact:
+            return self.count()
+        return self.db.family(self.name).property_int_value("rocksdb.estimate-num-keys") or 0
 
     # -- writes -------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST, definition_of
+from iqgraph.app.catalog import definition_of
 from iqgraph.app.query.merging import combiner
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.errors import INTERNAL, ApiError
@@ -31,17 +31,9 @@ from iqgraph.schema.types import (
     PartitionInfo,
     PipelineInfo,
     Read,
-    Request,
     Scan,
 )
-from iqgraph.stores import (
-    Page,
-    PartitionState,
-    PartitionStores,
-    StoreError,
-    StoreKind,
-    StoreMigratedError,
-)
+from iqgraph.stores import Page, PartitionState, PartitionStores, StoreError, StoreMigratedError
 from iqgraph.stores.distinct import Distinct
 from iqgraph.streaming.definitions import App, StoreDefinition
 
@@ -175,7 +167,7 @@ class LocalPartitions:
             requests = [reads[i][0] for i in indexes]
             merged: list[Any] | None = None
             for p in partitions:
-                values = self._read(cast("PartitionStores", stores[p]), definition, requests)
+                values = cast("PartitionStores", stores[p]).store(store).read_states(requests)
                 if merged is None:
                     merged = values
                     continue
@@ -184,19 +176,6 @@ class LocalPartitions:
             for i, value in zip(indexes, merged or [None] * len(indexes), strict=True):
                 results[i] = value
         return Answer(results, positions, lags)
-
-    def _read(self, stores: PartitionStores, definition: StoreDefinition, requests: list[Request]) -> list[Any]:
-        name = definition.name
-        keys = [r[0] for r in requests]
-        if definition.kind is StoreKind.KEY_VALUE:
-            return stores.kv(name).multi_get(keys, states=True)
-        if definition.kind is StoreKind.BLOOM:
-            return list(stores.bloom(name).might_contain_many(keys))
-        view = stores.window(name)
-        return [
-            view.fetch(k, FAR_PAST if lo is None else lo, FAR_FUTURE if hi is None else hi, states=True)
-            for k, lo, hi in requests
-        ]
 
     def scan_pages(
         self, store: str, scan: Scan, positions: Mapping[int, str | None], first: int, partitions: Sequence[int]
@@ -208,29 +187,11 @@ class LocalPartitions:
         for p, found in stores.items():
             try:
                 pages[p] = (
-                    found
-                    if isinstance(found, StoreError)
-                    else self._page(found, definition, scan, first, positions.get(p))
+                    found if isinstance(found, StoreError) else found.store(store).page(scan, first, positions.get(p))
                 )
             except StoreError as exc:
                 pages[p] = exc
         return Answer(pages, read_at, lags)
-
-    def _page(
-        self, stores: PartitionStores, definition: StoreDefinition, scan: Scan, first: int, after: str | None
-    ) -> Page[Any]:
-        a, name = scan.args, definition.name
-        if scan.kind == "range":
-            return stores.kv(name).range(a.get("from_key"), a.get("to_key"), first, after, states=True)
-        if scan.kind == "prefix":
-            return stores.kv(name).prefix(a["prefix"], first, after, states=True)
-        if scan.kind == "top":
-            return stores.ranking(name).top(a.get("group"), first, after)
-        window = stores.window(name)
-        lo, hi = a.get("time_from", FAR_PAST), a.get("time_to", FAR_FUTURE)
-        if scan.kind == "fetch_all":
-            return window.fetch_all(lo, hi, first, after, states=True)
-        return window.fetch_range(a.get("from_key"), a.get("to_key"), lo, hi, first, after, states=True)
 
     def count(
         self, store: str, partitions: Sequence[int], exact: bool = True
@@ -242,30 +203,15 @@ class LocalPartitions:
         partitions) gives what counting the union needs instead of a number (``stores.distinct``).
         """
         definition = definition_of(self.app, store)
+        distinct = not definition.co_partitioned  # a key may be in several partitions: count their union
         stores, read_at, lags = self.positions(definition, partitions)
         counts: dict[int, int | Distinct | StoreError] = {}
         for p, found in stores.items():
             try:
-                counts[p] = found if isinstance(found, StoreError) else self._count(found, definition, exact)
+                counts[p] = found if isinstance(found, StoreError) else found.store(store).read_count(exact, distinct)
             except StoreError as exc:
                 counts[p] = exc
         return Answer(counts, read_at, lags)
-
-    def _count(self, stores: PartitionStores, definition: StoreDefinition, exact: bool) -> int | Distinct:
-        name = definition.name
-        if not definition.co_partitioned and definition.kind is StoreKind.BLOOM:
-            return stores.bloom(name).bits()
-        if not definition.co_partitioned and exact and definition.kind in (StoreKind.KEY_VALUE, StoreKind.WINDOW):
-            return stores.db.key_digests(name)
-        if definition.kind is StoreKind.BLOOM:
-            return stores.bloom(name).approximate_count()
-        if definition.kind is StoreKind.KEY_VALUE:
-            return stores.kv(name).count() if exact else stores.kv(name).approximate_num_entries()
-        if definition.kind is StoreKind.RANKING:
-            return stores.ranking(name).count()
-        if exact:
-            return stores.window(name).count()
-        return stores.db.family(name).property_int_value("rocksdb.estimate-num-keys") or 0
 
     # -- owner-side fields ----------------------------------------------------------------------------
 

@@ -48,7 +48,22 @@ from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.schema.errors import ApiError, properties
 from iqgraph.schema.reports import Reports
 from iqgraph.schema.types import Answer, KeyQueryMetadata, NodeInfo, PartitionInfo, Ranked, Request, Scan, StoreInfo
-from iqgraph.stores import InvalidCursorError, Key, Page, StoreKind, WindowedValue
+from iqgraph.stores import (
+    BloomStore,
+    InvalidCursorError,
+    Key,
+    KeyValueStore,
+    Page,
+    PrefixScan,
+    RangeScan,
+    StoreView,
+    TopScan,
+    WindowedValue,
+    WindowRangeScan,
+    WindowScan,
+    WindowStore,
+    store_class,
+)
 from iqgraph.stores.distinct import BloomBits, KeyDigests, distinct_count
 from iqgraph.streaming.definitions import App, StoreDefinition
 from iqgraph.streaming.partitioner import PartitionerEvidence, evidence_from_counters, resolve
@@ -250,20 +265,25 @@ class ClusterStoreQueries:
 
     # -- lookups ------------------------------------------------------------------------------------
 
-    async def lookup(self, store: str, kind: StoreKind, requests: Sequence[Request], max_lag: int | None) -> list[Any]:
+    async def lookup(
+        self, store: str, kind: type[StoreView], requests: Sequence[Request], max_lag: int | None
+    ) -> list[Any]:
         """Return each lookup's value (finalized state) or the error it failed with, in request order.
+
+        kind: the class of store the caller reads (``KeyValueStore``, ``WindowStore``, ``BloomStore``); another
+        kind is UNKNOWN_STORE.
 
         The executor plans, asks and fails over per *batch* — the lookups that need the same partitions —
         not per lookup: a batch's reads are served together (one replica set, one answer each), so a getMany
         of 1,000 keys over 6 partitions is 6 entries of bookkeeping, not 1,000.
         """
         check_read(self.principal, store)
-        definition = definition_of(self.app, store, kind)
+        definition = definition_of(self.app, store, kind.kind)
         self.bound(max_lag)  # a bad maxLag fails before any read
         keys = [request[0] for request in requests]
         routed = batches(self.app, definition, keys, self.partitioner(definition.topic))
         results: list[Any] = [routed.errors.get(i) for i in range(len(requests))]
-        windowed = definition.kind is StoreKind.WINDOW
+        windowed = kind.windowed
 
         async def ask(server: routing.Server, group: routing.Group) -> Answer[dict[int, Any]]:
             reads = [(requests[i], partitions) for _, i, partitions in routed.of(group.reads)]
@@ -282,26 +302,25 @@ class ClusterStoreQueries:
 
     async def get_many(self, store: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Any]:
         """Return the value of each key of a key-value store, in key order (None when absent)."""
-        return await self.lookup(store, StoreKind.KEY_VALUE, [(k, None, None) for k in keys], max_lag)
+        return await self.lookup(store, KeyValueStore, [(k, None, None) for k in keys], max_lag)
 
     async def might_contain_many(self, store: str, keys: Sequence[Key], max_lag: int | None = None) -> list[Any]:
         """Return, per key of a bloom store, whether it was probably added."""
-        return await self.lookup(store, StoreKind.BLOOM, [(k, None, None) for k in keys], max_lag)
+        return await self.lookup(store, BloomStore, [(k, None, None) for k in keys], max_lag)
 
     async def fetch_many(
         self, store: str, requests: Sequence[tuple[Key, int, int]], max_lag: int | None = None
     ) -> list[Any]:
         """Return, per (key, time_from, time_to), the key's windows with start in that range."""
-        return await self.lookup(store, StoreKind.WINDOW, list(requests), max_lag)
+        return await self.lookup(store, WindowStore, list(requests), max_lag)
 
     # -- scans ----------------------------------------------------------------------------------------
 
-    async def scan(
-        self, store: str, kind: StoreKind, scan: Scan, first: int, after: str | None, max_lag: int | None
-    ) -> Page[Any]:
-        """Return one merged page of a scan over every partition of the cluster, values finalized."""
+    async def scan(self, store: str, scan: Scan, first: int, after: str | None, max_lag: int | None) -> Page[Any]:
+        """Return one merged page of a scan over every partition of the cluster, values finalized (a store of
+        another kind than the scan reads is UNKNOWN_STORE)."""
         check_read(self.principal, store)
-        definition = definition_of(self.app, store, kind)
+        definition = definition_of(self.app, store, scan.store_kind)
         self.bound(max_lag)
         before = decode_positions(after)
         count = self.app.topic(definition.topic).partitions
@@ -309,7 +328,7 @@ class ClusterStoreQueries:
         if unknown:
             raise InvalidCursorError(f"after: the cursor is for another store (partitions {unknown})")
         needs = {p: [p] for p in range(count) if before.get(str(p), "") is not None}
-        windowed = definition.kind is StoreKind.WINDOW
+        windowed = store_class(scan.store_kind).windowed
 
         async def ask(server: routing.Server, group: routing.Group) -> Answer[dict[int, Any]]:
             partitions = group.partitions
@@ -341,21 +360,19 @@ class ClusterStoreQueries:
         max_lag: int | None = None,
     ) -> Page[tuple[Key, Any]]:
         """Return a page of (key, value) with from_key <= key <= to_key, in key order, over the cluster."""
-        scan = Scan("range", {"from_key": from_key, "to_key": to_key})
-        return await self.scan(store, StoreKind.KEY_VALUE, scan, first, after, max_lag)
+        return await self.scan(store, RangeScan(from_key, to_key), first, after, max_lag)
 
     async def prefix(
         self, store: str, prefix: str, first: int, after: str | None, max_lag: int | None = None
     ) -> Page[tuple[Key, Any]]:
         """Return a page of (key, value) whose string key starts with prefix, over the cluster."""
-        return await self.scan(store, StoreKind.KEY_VALUE, Scan("prefix", {"prefix": prefix}), first, after, max_lag)
+        return await self.scan(store, PrefixScan(prefix), first, after, max_lag)
 
     async def fetch_all(
         self, store: str, time_from: int, time_to: int, first: int, after: str | None, max_lag: int | None = None
     ) -> Page[WindowedValue]:
         """Return a page of every key's windows with start in the range, by start then key."""
-        scan = Scan("fetch_all", {"time_from": time_from, "time_to": time_to})
-        return await self.scan(store, StoreKind.WINDOW, scan, first, after, max_lag)
+        return await self.scan(store, WindowScan(time_from, time_to), first, after, max_lag)
 
     async def fetch_range(
         self,
@@ -369,8 +386,8 @@ class ClusterStoreQueries:
         max_lag: int | None = None,
     ) -> Page[WindowedValue]:
         """Return a page of windows of keys in [from_key, to_key] with start in the range, by key then time."""
-        args = {"from_key": from_key, "to_key": to_key, "time_from": time_from, "time_to": time_to}
-        return await self.scan(store, StoreKind.WINDOW, Scan("fetch_range", args), first, after, max_lag)
+        scan = WindowRangeScan(from_key, to_key, time_from, time_to)
+        return await self.scan(store, scan, first, after, max_lag)
 
     # -- counts ---------------------------------------------------------------------------------------
 
@@ -416,9 +433,10 @@ class ClusterStoreQueries:
         (app.query.rankings): ranks continue from the cursor's.
         """
         rank, index_key = decode_rank_cursor(after, store, group)
-        partitions = self.app.topic(definition_of(self.app, store, StoreKind.RANKING).topic).partitions
+        scan = TopScan(group)
+        partitions = self.app.topic(definition_of(self.app, store, scan.store_kind).topic).partitions
         resume = partition_positions(index_key, partitions)
-        page = await self.scan(store, StoreKind.RANKING, Scan("top", {"group": group}), first, resume, max_lag)
+        page = await self.scan(store, scan, first, resume, max_lag)
         return [
             Ranked(member, value, rank + i, encode_rank_cursor(store, rank + i, group, key))
             for i, (member, value, key) in enumerate(page.items, start=1)
