@@ -96,11 +96,13 @@ class StreamEndpoint:
 
 
 def follow_events(live: Any) -> Callable[[bytes, Principal], AsyncIterator[bytes]]:
-    """Return the events of ``/internal/follow``: the rows of ``live.serve_peer`` (``app.live.watch.Live``)."""
+    """Return the events of ``/internal/follow``: the rows of ``live.serving.follow`` (``app.live.serving``)."""
 
     async def events(body: bytes, caller: Principal) -> AsyncIterator[bytes]:
         topic, interest, after, window_from, standby = wire.decode_follow(body)
-        async with contextlib.aclosing(live().serve_peer(topic, interest, after, window_from, standby, caller)) as rows:
+        async with contextlib.aclosing(
+            live().serving.follow(topic, interest, after, window_from, standby, caller)
+        ) as rows:
             async for found in rows:
                 yield wire.encode_rows(found)
 
@@ -108,11 +110,12 @@ def follow_events(live: Any) -> Callable[[bytes, Principal], AsyncIterator[bytes
 
 
 def changes_events(live: Any) -> Callable[[bytes, Principal], AsyncIterator[bytes]]:
-    """Return the events of ``/internal/changes``: ``{"n": count}`` per batch of ``live.store_changes_here``."""
+    """Return the events of ``/internal/changes``: ``{"n": count}`` per batch of ``live.changes.here``
+    (``app.live.store_changes``)."""
 
     async def events(body: bytes, caller: Principal) -> AsyncIterator[bytes]:
         store = wire.decode_changes(body)
-        async with contextlib.aclosing(live().store_changes_here(store, principal=caller)) as counts:
+        async with contextlib.aclosing(live().changes.here(store, principal=caller)) as counts:
             async for n in counts:
                 yield wire.encode_changed(n)
 

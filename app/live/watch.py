@@ -1,22 +1,21 @@
-"""Live queries through any node: a store's keys followed wherever their partitions are served.
+"""A subscriber's watch: a store's keys followed wherever their partitions are served, through any node.
 
 ``Live.watch`` (``schema.types.LiveQueries``) checks the caller may read the store
 (``schema.access.check_read``), routes the keys to their partitions as reads do (``app.query.routing``: the
 producers' partitioner) and follows each partition on the replica the failover rules choose
-(``ClusterStoreQueries.serving``: the active copy, or a standby within the staleness bound when the active
-is down). Partitions served here are followed on this node's change feed (``app.live.follow``); partitions
-served by a peer through that peer's relay (``app.live.relay``: one upstream per peer, every local
-subscription's keys on it). Every source sends ``Rows`` (a snapshot read at a position, or one batch's
-changes); the watch keeps, per partition, the position its subscriber has, and passes on only what is
+(``app.query.executor.Failover`` over the cluster's replicas: the active copy, or a standby within the staleness
+bound when the active is down). Partitions served here are followed on this node's change feed
+(``app.live.serving``); partitions served by a peer through that peer's relay (``app.live.relay``: one upstream
+per peer, every local subscription's keys on it). Every source sends ``Rows`` (a snapshot read at a position, or
+one batch's changes); the watch keeps, per partition, the position its subscriber has, and passes on only what is
 newer — so a source replaced mid-stream (a peer killed, a partition moved, a subscriber that fell behind)
 is followed again from those positions on whichever replica serves now: no gap, no duplicate.
 ``app.live.values`` turns states into the values sent; a change read from a standby carries its lag.
 
 A partition no replica can serve is retried until the queries' deadline (``RetryPolicy.deadline_ms``), then
-ends the subscription with its coded error (STORE_NOT_AVAILABLE, STALE_BEYOND_BOUND, …).
-
-``Live.serve_peer`` is the owner's side of a relay's upstream (``app.live.stream``'s endpoint): it follows
-partitions hosted here for a peer, checking the caller the peer carried.
+ends the subscription with its coded error (STORE_NOT_AVAILABLE, STALE_BEYOND_BOUND, …); a single node is a
+one-member cluster. Beside its watches, ``Live`` holds the owner's side of a watch (``Live.serving``,
+``app.live.serving``) and the counts of store changes (``Live.changes``, ``app.live.store_changes``).
 """
 
 from __future__ import annotations
@@ -28,31 +27,23 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from iqgraph.app.catalog import definition_of
-from iqgraph.app.cluster.peers import PeerError, PeerUnavailableError
-from iqgraph.app.live.follow import Hosted, Interest, Rows, follow_partitions, partitions_of
-from iqgraph.app.live.relay import Broadcasts, MemberOverflowError, Relays
-from iqgraph.app.live.store_changes import store_changes
+from iqgraph.app.cluster.peers import PeerUnavailableError
+from iqgraph.app.live.follow import Hosted, Interest, Rows
+from iqgraph.app.live.relay import MemberOverflowError, Relays
+from iqgraph.app.live.serving import Serving, watchable
+from iqgraph.app.live.store_changes import StoreChanges
 from iqgraph.app.live.values import WatchedKeys
 from iqgraph.app.query import routing
-from iqgraph.app.query.executor import Failover, Replicas, RetryPolicy, batches
+from iqgraph.app.query.executor import Failover, Replicas, batches
 from iqgraph.schema import wire
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read
-from iqgraph.schema.errors import (
-    STORE_MIGRATED,
-    STORE_NOT_AVAILABLE,
-    ApiError,
-    api_error,
-    invalid_argument,
-    limit_exceeded,
-    properties,
-)
+from iqgraph.schema.errors import ApiError, api_error
 from iqgraph.schema.types import LiveChange
-from iqgraph.stores import Key, PartitionState, PartitionStores, StoreError, StoreKind
+from iqgraph.stores import Key
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.change_set import Change
 from iqgraph.streaming.definitions import App, StoreDefinition
@@ -64,13 +55,9 @@ if TYPE_CHECKING:
     from iqgraph.app.cluster.peers import PeerClient
     from iqgraph.app.query.store_queries import ClusterStoreQueries
 
-WATCHABLE = (StoreKind.KEY_VALUE, StoreKind.WINDOW, StoreKind.BLOOM)
 MAX_QUEUED = 1_024  # a source's events a watch may hold before the source is made to start again
 PROMOTE_EVERY_S = 2.0  # how often a watch served by a standby checks whether the active serves again
 MAX_AHEAD = 2  # events a local source reads ahead of its subscriber (the rest stays in the feed, conflated)
-CHANGES_START_S = 5.0  # how long store_changes waits for every node to follow before its first yield
-#: A lone node's watches (no cluster queries): a partition it cannot serve fails the watch at once.
-LONE_RETRY = RetryPolicy(deadline_ms=0, first_backoff_ms=50)
 
 
 @dataclass
@@ -84,7 +71,8 @@ class _Source:
 
 
 class Live:
-    """Follow stores' keys on the nodes that serve them (``watch``), and serve peers' relays (``serve_peer``)."""
+    """Follow stores' keys on the nodes that serve them (``watch``); serve this node's partitions to watches
+    (``serving``) and count store changes (``changes``, ``store_changes``)."""
 
     def __init__(
         self,
@@ -93,9 +81,9 @@ class Live:
         feed: ChangeFeed,
         *,
         partitioner: Callable[[str], str],
+        queries: ClusterStoreQueries,
         role: Callable[[str, int], str] | None = None,
-        node_id: str = "node-0",
-        queries: ClusterStoreQueries | None = None,
+        node_id: str | None = None,
         peers: PeerClient | None = None,
         lag: Callable[[str, int], int | None] | None = None,
         check_every_s: float = 2.0,
@@ -103,25 +91,28 @@ class Live:
         """Args:
         partitions: topic → partition → stores this node hosts, now (the runner's live dict).
         partitioner: the partitioner a topic's keys are routed by (configured, or detected).
+        queries: the cluster's routing, the node's own (a single node: a one-member cluster).
         role: "active" or "standby" of this node's copy of a topic-partition (default: active).
-        queries: the cluster's routing (None: one node, only its own active partitions are followed).
-        peers: the client of peers' endpoints (their relays' upstreams). lag: this node's lag of a partition.
+        node_id: this node (default: the queries'). peers: the client of peers' endpoints (their relays'
+        upstreams; default: the queries'). lag: this node's lag of a partition.
         """
         self.app = app
-        self.partitions = partitions
         self.feed = feed
         self.partitioner = partitioner
-        self.role = role or (lambda topic, partition: "active")
-        self.node_id = node_id
         self.queries = queries
-        self.peers = peers
-        self.lag = lag or (lambda topic, partition: None)
-        self.check_every_s = check_every_s
+        self.node_id = node_id if node_id is not None else queries.node_id
+        self.peers = peers if peers is not None else queries.peers
+        self.serving = Serving(
+            app, partitions, feed, node_id=self.node_id, role=role, lag=lag, check_every_s=check_every_s
+        )
+        self.changes = StoreChanges(
+            app, partitions, feed, self.serving.role, node_id=self.node_id, queries=queries, peers=self.peers
+        )
+        self.broadcasts = self.changes.broadcasts  # the peers' store-change counts: one per (peer, store, caller)
         self.relays = Relays()
-        self.broadcasts = Broadcasts()  # store_changes' upstreams: one per (peer, store, caller)
         self._tags = itertools.count()
         self.stopped = False
-        self._on_stop: set[Callable[[], None]] = set()  # how each live subscription here is told to end
+        self._on_stop: set[Callable[[], None]] = set()  # how each watch here is told to end
 
     def stop(self) -> None:
         """End every subscription this node serves (each completes: its stream ends cleanly) and close the feed, so
@@ -129,7 +120,13 @@ class Live:
         self.stopped = True
         for end in list(self._on_stop):
             end()
+        self.changes.stop()
         self.feed.close()
+
+    def store_changes(self, store: str, *, principal: Principal = ANONYMOUS) -> AsyncGenerator[int, None]:
+        """Yield 0 once store is followed on every node, then how many of its keys batches changed on any active
+        (``StoreChanges.everywhere``)."""
+        return self.changes.everywhere(store, principal=principal)
 
     # -- a subscriber's watch --------------------------------------------------------------------------
 
@@ -145,7 +142,7 @@ class Live:
     ) -> AsyncGenerator[LiveChange, None]:
         """Yield the keys' values newer than after, then every change, until the subscriber goes away."""
         check_read(principal, store)
-        definition = self._definition(store)
+        definition = watchable(self.app, store)
         routed = self._route(definition, keys)
         watch = _Watch(self, definition, routed, after or {}, window_from, principal, max_lag)
         self._on_stop.add(watch.stop)
@@ -156,15 +153,6 @@ class Live:
         finally:
             self._on_stop.discard(watch.stop)
             await watch.close()
-
-    def _definition(self, store: str) -> StoreDefinition:
-        try:
-            definition = definition_of(self.app, store)
-        except StoreError as exc:
-            raise api_error(exc) from None
-        if definition.kind not in WATCHABLE:
-            raise invalid_argument("store", f"{store} is a {definition.kind.value} store, which cannot be followed")
-        return definition
 
     def _route(self, definition: StoreDefinition, keys: Sequence[Key]) -> dict[int, list[Key]]:
         """Return per partition the keys a read asks it for; the first key that cannot be routed fails."""
@@ -180,198 +168,27 @@ class Live:
 
     @property
     def replicas(self) -> Replicas:
-        """Return the replicas a watch is planned over: the cluster's (a lone node: its own active copies)."""
-        return self.queries.replicas if self.queries is not None else _LoneNode(self)
-
-    @property
-    def retry(self) -> RetryPolicy:
-        """Return how long a watch waits for a partition no replica serves, and how it backs off."""
-        return self.queries.retry if self.queries is not None else LONE_RETRY
+        """Return the replicas a watch is planned over: the cluster's."""
+        return self.queries.replicas
 
     def failover(self, topic: str, max_lag: int | None) -> Failover:
         """Return the failover state of a watch's partitions of topic, until they are all followed again."""
-        return Failover(self.replicas, topic, self.bound(max_lag), self.retry, patient=True)
+        return Failover(self.replicas, topic, self.bound(max_lag), self.queries.retry, patient=True)
 
     def bound(self, max_lag: int | None) -> int | None:
         """Return a watch's staleness bound: its maxLag, else the node's."""
-        return self.queries.bound(max_lag) if self.queries is not None else max_lag
-
-    def store_changes_here(self, store: str, *, principal: Principal = ANONYMOUS) -> AsyncGenerator[int, None]:
-        """Yield 0 once store is followed, then how many of its keys each batch changed on this node's active
-        partitions (``app.live.store_changes``)."""
-        return store_changes(self.app, self.partitions, self.feed, self.role, store, principal=principal)
-
-    async def store_changes(self, store: str, *, principal: Principal = ANONYMOUS) -> AsyncGenerator[int, None]:
-        """Yield 0 once store is followed on every node, then how many of its keys batches changed on any active.
-
-        Each peer streams its own count (``/internal/changes``); a peer that fails is asked again every second
-        (its partitions' batches are counted again once a node serves them as the active).
-        """
-        check_read(principal, store)
-        try:
-            definition_of(self.app, store)
-        except StoreError as exc:
-            raise api_error(exc) from None
-        peers = [] if self.queries is None else sorted(self.queries.membership.current().members)
-        counts: asyncio.Queue[int | None] = asyncio.Queue()  # None: the node stops
-        end = functools.partial(counts.put_nowait, None)
-        self._on_stop.add(end)
-        started = [asyncio.Event() for _ in peers] or [asyncio.Event()]
-        tasks = [
-            asyncio.create_task(self._count(node, store, principal, counts, ready))
-            for node, ready in zip(peers or [self.node_id], started, strict=True)
-        ]
-        try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(CHANGES_START_S):  # not wait_for: see _Watch.run
-                    await asyncio.gather(*(e.wait() for e in started))
-            for task in tasks:
-                if task.done() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-            if self.stopped:
-                return
-            yield 0
-            while True:
-                found = await counts.get()
-                while found is not None and not counts.empty():
-                    more = counts.get_nowait()
-                    found = None if more is None else found + more
-                if found is None:
-                    return
-                if found:
-                    yield found
-        finally:
-            self._on_stop.discard(end)
-            for task in tasks:
-                task.cancel()
-            for task in tasks:  # their feed subscriptions closed when this returns
-                with contextlib.suppress(BaseException):
-                    await task
-
-    async def _count(
-        self, node: str, store: str, principal: Principal, counts: asyncio.Queue[int | None], ready: asyncio.Event
-    ) -> None:
-        """Put node's counts of store's changed keys in counts (again after a failure), ready at its first."""
-        while True:
-            try:
-                if node == self.node_id:
-                    async with contextlib.aclosing(self.store_changes_here(store, principal=principal)) as here:
-                        async for n in here:
-                            ready.set()
-                            counts.put_nowait(n)
-                else:
-                    await self._count_peer(node, store, principal, counts, ready)
-            except ApiError as exc:
-                if not properties(exc.code).transient:
-                    raise
-            except (PeerError, OSError, ConnectionError) as exc:
-                log.info("changes of %s on %s stopped (%r): asking again", store, node, exc)
-            ready.set()
-            counts.put_nowait(1)  # something may have changed while it was not followed
-            await asyncio.sleep(1.0)
-
-    async def _count_peer(
-        self, node: str, store: str, principal: Principal, counts: asyncio.Queue[int | None], ready: asyncio.Event
-    ) -> None:
-        """Put a peer's counts in counts, from its one broadcast shared by every listener here."""
-        assert self.queries is not None and self.peers is not None  # noqa: S101 - only with peers
-        queries, peers = self.queries, self.peers
-
-        def open_counts() -> AsyncIterator[int]:
-            url = queries.url_of(node)
-            if url is None:
-                raise PeerUnavailableError(f"node {node} is not a member of the cluster any more")
-            return peers.changes(url, store, principal)
-
-        broadcast = self.broadcasts.get((node, store, principal), open_counts)
-        queue = broadcast.listen()
-        try:
-            while True:
-                if broadcast.started.is_set():
-                    ready.set()
-                try:
-                    async with asyncio.timeout(None if ready.is_set() else 0.1):  # not wait_for: see _Watch.run
-                        item = await queue.get()
-                except TimeoutError:
-                    continue
-                if isinstance(item, BaseException):
-                    raise item
-                ready.set()
-                counts.put_nowait(item)
-        finally:
-            broadcast.leave(queue)
-
-    # -- the owner's side of a peer's relay ----------------------------------------------------------
-
-    async def serve_peer(
-        self,
-        topic: str,
-        interest: Interest,
-        after: Mapping[int, int],
-        window_from: Mapping[str, int | None],
-        standby: bool,
-        principal: Principal,
-    ) -> AsyncGenerator[Rows, None]:
-        """Yield the rows of interest's partitions hosted here to a peer's relay, checking its caller."""
-        for store in interest:
-            check_read(principal, store)
-            if self._definition(store).topic != topic:
-                raise invalid_argument("interest", f"store {store} is not of topic {topic}")
-        count = sum(len(keys) for ps in interest.values() for keys in ps.values())
-        if count > wire.MAX_FOLLOW_KEYS:
-            raise limit_exceeded("keys a peer follows", wire.MAX_FOLLOW_KEYS, count)
-        hosted = {p: self._serves(topic, p, standby) for p in partitions_of(interest)}
-        roles = {p: self.role(topic, p) for p in hosted}
-
-        def still_serves(p: int, stores: PartitionStores) -> bool:
-            now = self.partitions.get(topic, {}).get(p)
-            return now is stores and (standby or self.role(topic, p) == "active")
-
-        def lag(p: int) -> int | None:
-            if roles[p] == "active":
-                return None
-            found = self.lag(topic, p)
-            return 0 if found is None else found  # a standby's rows always say so (its end offset not known yet: 0)
-
-        follow = follow_partitions(
-            self.app,
-            self.feed,
-            topic,
-            hosted,
-            interest,
-            after=after,
-            window_from=window_from,
-            still_serves=still_serves,
-            lag=lag,
-            check_every_s=self.check_every_s,
-        )
-        async with contextlib.aclosing(follow) as rows:
-            async for found in rows:
-                yield found
-
-    def _serves(self, topic: str, partition: int, standby: bool) -> PartitionStores:
-        """Return the stores of a partition this node may serve a watch from, or why not (coded)."""
-        stores = self.partitions.get(topic, {}).get(partition)
-        if stores is None or not (standby or self.role(topic, partition) == "active"):
-            copy = "is not hosted" if stores is None else "is only a standby copy"
-            raise ApiError(
-                f"partition {topic}-{partition} {copy} on {self.node_id}", STORE_MIGRATED, partition=partition
-            )
-        if stores.db.state is not PartitionState.RUNNING:
-            raise api_error(stores.db.not_queryable(f" on {self.node_id}"))
-        return stores
+        return self.queries.bound(max_lag)
 
     def _open_stream(self, node: str, topic: str, standby: bool, caller: Principal) -> Callable[..., Any]:
         """Return how a relay opens its upstream to node (a signed follow request)."""
-        assert self.queries is not None and self.peers is not None  # noqa: S101 - only with peers
+        queries, peers = self.queries, self.peers
 
         def open_stream(interest: Interest, window_from: Mapping[str, int | None]) -> Any:
-            url = self.queries.url_of(node) if self.queries is not None else None
+            url = queries.url_of(node)
             if url is None:
                 raise PeerUnavailableError(f"node {node} is not a member of the cluster any more")
             body = wire.encode_follow(topic, interest, {}, window_from, standby)
-            assert self.peers is not None  # noqa: S101
-            return self.peers.follow(url, body, caller)
+            return peers.follow(url, body, caller)
 
         return open_stream
 
@@ -552,7 +369,9 @@ class _Watch:
         if server.node == self.live.node_id:
             after = {p: self.positions[p] for p in partitions if p in self.positions}
             task = asyncio.create_task(
-                self._pump(tag, self.live.serve_peer(self.topic, interest, after, self.window_from, standby, _LOCAL))
+                self._pump(
+                    tag, self.live.serving.follow(self.topic, interest, after, self.window_from, standby, _LOCAL)
+                )
             )
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -674,34 +493,3 @@ def _own(rows: Rows, store: str) -> list[tuple[Key, int | None, Any, int | None]
 
 def _cancel(task: asyncio.Task[None]) -> None:
     task.cancel()
-
-
-class _LoneNode:
-    """A node without cluster queries: it serves a watch only the partitions whose active copy it holds."""
-
-    def __init__(self, live: Live) -> None:
-        self.live = live
-        self.node_id = live.node_id
-
-    def choose(
-        self, topic: str, partition: int, bound: int | None, excluded: Collection[str]
-    ) -> routing.Server | routing.Refusal:
-        """Return this node for a partition whose active copy it holds, else why not."""
-        hosted = partition in self.live.partitions.get(topic, {})
-        if hosted and self.live.role(topic, partition) == "active":  # its only copy: asked again even if it failed
-            return routing.Server(self.node_id, "active")
-        copy = "is only a standby copy" if hosted else "is not hosted"
-        message = f"partition {topic}-{partition} {copy} on {self.node_id}, which serves no other node's partitions"
-        return routing.Refusal(STORE_NOT_AVAILABLE, message, partition)
-
-    def plan(
-        self, topic: str, needs: Mapping[int, Sequence[int]], bound: int | None, excluded: Mapping[int, Collection[str]]
-    ) -> routing.Plan:
-        """Return no plan: a lone node's watches choose partition by partition."""
-        raise NotImplementedError("a lone node plans no reads")
-
-    def mark_down(self, node: str) -> None:
-        """Do nothing: a lone node has no peer to mark."""
-
-    def refresh(self) -> None:
-        """Do nothing: a lone node's map never changes."""

@@ -2,7 +2,7 @@
 
 No Spark, no HTTP: node B's ``Live`` follows every partition on a peer "node-a" through its ``Relays``; the
 upstream is either a controllable fake (``Upstreams``: the rows a test pushes) or node A's real
-``Live.serve_peer`` over the in-process shop (``tests.support.live_shop``).
+``Serving.follow`` (``app.live.serving``) over the in-process shop (``tests.support.live_shop``).
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ import pytest
 from iqgraph.app.live import follow
 from iqgraph.app.live.follow import Interest, Rows
 from iqgraph.app.live.relay import Relays
+from iqgraph.app.live.serving import Serving
 from iqgraph.app.live.watch import Live
 from iqgraph.app.query import routing
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.types import LiveChange
 from iqgraph.streaming.change_feed import ChangeFeed
 from tests.support.feed_shop import shop_app
-from tests.support.live_shop import KEYS, MINUTE, START_MS, TOPIC, LiveShop, open_live_shop, where
+from tests.support.live_shop import KEYS, MINUTE, START_MS, TOPIC, TYPES, LiveShop, open_live_shop, where
+from tests.support.queries import single_node
 
 PEER = "node-a"
 
@@ -82,15 +84,28 @@ class _Fixed:
 class RelayedLive(Live):
     """Node B: hosts nothing, every partition served by PEER (the active) through B's relays."""
 
-    def __init__(self, open_stream: Callable[[Principal], Callable[..., Any]], app: Any = None) -> None:
-        super().__init__(app or shop_app(), {}, ChangeFeed(), partitioner=lambda topic: "murmur2", node_id="node-b")
+    def __init__(
+        self,
+        open_stream: Callable[[Principal], Callable[..., Any]],
+        app: Any = None,
+        *,
+        hosted: Mapping[int, Any] | None = None,
+        feed: ChangeFeed | None = None,
+        types: Mapping[str, Any] = TYPES,
+    ) -> None:
+        app = app or shop_app()
+        served = {TOPIC: dict(hosted or {})}
+        queries = single_node(app, types, served)  # the node's kind; who serves is fixed by replicas below
+        super().__init__(
+            app, served, feed or ChangeFeed(), partitioner=lambda topic: "murmur2", queries=queries, node_id="node-b"
+        )
         self._opener = open_stream
 
     @property
-    def replicas(self) -> Any:  # the executor plans over these: here, who serves is fixed by serving()
-        return _Fixed(self.serving)
+    def replicas(self) -> Any:  # the executor plans over these: here, who serves is fixed by server_of()
+        return _Fixed(self.server_of)
 
-    def serving(self, topic: str, partition: int) -> routing.Server:
+    def server_of(self, topic: str, partition: int) -> routing.Server:
         return routing.Server(PEER, "active")
 
     def _open_stream(self, node: str, topic: str, standby: bool, caller: Principal) -> Callable[..., Any]:
@@ -148,11 +163,11 @@ def owner(tmp_path: Path) -> Iterator[LiveShop]:
 
 
 def served_by(owner: LiveShop) -> RelayedLive:
-    """Return node B following owner's partitions through its relays (owner's serve_peer, in process)."""
+    """Return node B following owner's partitions through its relays (owner's Serving.follow, in process)."""
 
     def opener(caller: Principal) -> Callable[..., Any]:
         def open_stream(interest: Interest, window_from: Mapping[str, int | None]) -> AsyncIterator[Rows]:
-            return owner.live.serve_peer(TOPIC, interest, {}, window_from, False, caller)
+            return owner.live.serving.follow(TOPIC, interest, {}, window_from, False, caller)
 
         return open_stream
 
@@ -231,7 +246,7 @@ async def test_a_joining_watch_gets_every_key_even_when_a_change_of_a_shared_key
 class SplitKeyLive(RelayedLive):
     """Node B: hosts partition 1 (served here), partition 0 served by PEER through a relay."""
 
-    def serving(self, topic: str, partition: int) -> routing.Server:
+    def server_of(self, topic: str, partition: int) -> routing.Server:
         return routing.Server(self.node_id if partition == 1 else PEER, "active")
 
 
@@ -239,6 +254,8 @@ async def test_a_key_of_several_partitions_is_first_sent_with_its_whole_value(tm
     """_Watch.run sends the snapshots that are in its queue together; a local snapshot comes well before a relay's
     (RESTART_AFTER_S, the HTTP round trip), so a column-keyed store's key (in every partition) is first sent with
     the state of the local partition alone: a wrong value (here 1, not 3), flagged snapshot."""
+    from pyspark.sql.types import LongType
+
     from iqgraph.stores import PartitionState, StateDirectory
     from iqgraph.streaming.definitions import App, Topic, count, key_value_store
     from iqgraph.streaming.sink import PartitionBatch, StoreSink
@@ -259,17 +276,15 @@ async def test_a_key_of_several_partitions_is_first_sent_with_its_whole_value(tm
         batches[0].partials["per_item"] = [("pen", None, 2, 2)]
         batches[1].partials["per_item"] = [("pen", None, 1, 1)]
         sink.apply(batches)
-        owner = Live(app, {TOPIC: partitions}, feed, partitioner=lambda topic: "murmur2", node_id=PEER)
+        owner = Serving(app, {TOPIC: partitions}, feed, node_id=PEER)
 
         def opener(caller: Principal) -> Callable[..., Any]:
             def open_stream(interest: Interest, window_from: Mapping[str, int | None]) -> AsyncIterator[Rows]:
-                return owner.serve_peer(TOPIC, interest, {}, window_from, False, caller)
+                return owner.follow(TOPIC, interest, {}, window_from, False, caller)
 
             return open_stream
 
-        here = SplitKeyLive(opener, app)
-        here.partitions = {TOPIC: {1: partitions[1]}}
-        here.feed = feed
+        here = SplitKeyLive(opener, app, hosted={1: partitions[1]}, feed=feed, types={"per_item": LongType()})
         watch = here.watch("per_item", ["pen"])
         try:
             got = await take(watch, 1) + await quiet(watch)

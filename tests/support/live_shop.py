@@ -59,10 +59,17 @@ class LiveShop:
 
     def __post_init__(self) -> None:
         self.sink = StoreSink(self.app, self.app.topic(TOPIC), self.partitions, change_feed=self.feed)
-        self.queries = single_node(self.app, TYPES, {TOPIC: self.partitions})
         self.served = {TOPIC: {p: s for p, s in self.partitions.items() if p in self.hosted}}
+        # the node's queries (a one-member cluster) over what it serves, given to its Live as app.node does
+        self.queries = single_node(self.app, TYPES, self.served)
         self.live = Live(
-            self.app, self.served, self.feed, partitioner=lambda topic: "murmur2", role=self.role, check_every_s=0.1
+            self.app,
+            self.served,
+            self.feed,
+            partitioner=lambda topic: "murmur2",
+            queries=self.queries,
+            role=self.role,
+            check_every_s=0.1,
         )
         stores = [store_info(self.app, s, TYPES[s.name]) for s in self.app.stores]
         self.schema = build_schema(stores, self.limits, entities=entity_infos(self.app), subscriptions=True)
