@@ -27,84 +27,69 @@ USER_ERRORS: tuple[type[BaseException], ...] = (UserError, StoreError, KafkaExce
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:
+    """Add a node's flags (``iqgraph serve``), in the groups its ``--help`` shows."""
     parser.add_argument("--app", help="the app to run, as package.module:attribute (e.g. iqgraph.examples.shop:app)")
     parser.add_argument("--config", type=Path, help="a TOML settings file")
-    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port to listen on (default 8000)")
-    parser.add_argument("--state-dir", type=Path, help="where the node keeps its RocksDB stores (default ./state)")
-    parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the app's)")
-    parser.add_argument("--node-id", help="this node's id (default node-0)")
-    parser.add_argument("--advertised-url", help="the URL clients reach this node at")
-    parser.add_argument(
-        "--peer-port", type=int, help="port of the peers' listener, /internal/* only (default: --port + 10000)"
-    )
-    parser.add_argument(
-        "--advertised-peer-url", help="the URL peers reach the peer listener at (default: the advertised URL's host)"
-    )
-    parser.add_argument("--spark-master", help="Spark master (default local[*])")
-    parser.add_argument("--driver-memory", help="Spark driver memory (default 1g)")
-    parser.add_argument(
-        "--spark-conf",
-        action="append",
-        metavar="KEY=VALUE",
-        help="a Spark setting for the node's session, e.g. spark.executor.memory=2g (repeat for more)",
-    )
-    parser.add_argument("--max-records-per-batch", type=int, help="records per micro-batch at most")
-    parser.add_argument(
-        "--kafka-source", choices=["kafka", "iqkafka"], help="Spark's Kafka connector (default) or the Python source"
-    )
-    parser.add_argument("--max-keys", type=int, help="keys per getMany at most (default 1000)")
-    parser.add_argument("--max-page-size", type=int, help="page size at most (default 1000)")
-    parser.add_argument("--max-aliases", type=int, help="aliased fields per document at most (default 100)")
-    parser.add_argument("--max-depth", type=int, help="nested selections per operation at most (default 20)")
-    parser.add_argument("--max-tokens", type=int, help="tokens per GraphQL document at most (default 20000)")
-    parser.add_argument("--max-body-bytes", type=int, help="request body bytes at most (default 4 MiB)")
-    parser.add_argument("--max-header-bytes", type=int, help="request header bytes at most (default 32 KiB)")
-    parser.add_argument("--request-timeout-ms", type=int, help="a request's deadline (default 30000)")
-    parser.add_argument(
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    _http_flags(parser)
+    _limit_flags(parser)
+    _kafka_flags(parser)
+    _storage_flags(parser)
+    _spark_flags(parser)
+    _cluster_flags(parser)
+    _security_flags(parser)
+
+
+def _http_flags(parser: argparse.ArgumentParser) -> None:
+    http = parser.add_argument_group("HTTP", "the clients' listener, its connections and requests")
+    http.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    http.add_argument("--port", type=int, help="port to listen on (default 8000)")
+    http.add_argument("--advertised-url", help="the URL clients reach this node at")
+    http.add_argument("--request-timeout-ms", type=int, help="a request's deadline (default 30000)")
+    http.add_argument(
         "--header-timeout-s", type=float, help="a connection's request headers must arrive within this (default 10)"
     )
-    parser.add_argument("--keep-alive-timeout-s", type=int, help="an idle kept-alive connection's life (default 5)")
-    parser.add_argument(
+    http.add_argument("--keep-alive-timeout-s", type=int, help="an idle kept-alive connection's life (default 5)")
+    http.add_argument(
         "--max-connections", type=int, help="open client connections at most; one more gets 503 (default 4096)"
     )
-    parser.add_argument(
+    http.add_argument("--max-body-bytes", type=int, help="request body bytes at most (default 4 MiB)")
+    http.add_argument("--max-header-bytes", type=int, help="request header bytes at most (default 32 KiB)")
+    http.add_argument(
         "--federation",
         action="store_true",
         default=None,
         help="serve an Apollo Federation v2 subgraph: entities with @key, _service and _entities",
     )
-    parser.add_argument(
+
+
+def _limit_flags(parser: argparse.ArgumentParser) -> None:
+    limits = parser.add_argument_group("query limits", "what one GraphQL document or subscription may ask")
+    limits.add_argument("--max-keys", type=int, help="keys per getMany at most (default 1000)")
+    limits.add_argument("--max-page-size", type=int, help="page size at most (default 1000)")
+    limits.add_argument("--max-aliases", type=int, help="aliased fields per document at most (default 100)")
+    limits.add_argument("--max-depth", type=int, help="nested selections per operation at most (default 20)")
+    limits.add_argument("--max-tokens", type=int, help="tokens per GraphQL document at most (default 20000)")
+    limits.add_argument(
         "--max-subscriptions", type=int, help="live watches followed at once; one more is refused (default 16384)"
     )
-    parser.add_argument("--membership", choices=["static", "kafka"], help="how nodes find each other (default static)")
-    parser.add_argument("--peers", help="static membership: every node as id=URL (or URLs: node-0, node-1, …)")
-    parser.add_argument("--standbys", type=int, help="standby copies of each partition on other nodes (default 0)")
-    parser.add_argument(
-        "--max-lag",
-        type=int,
-        help="default staleness bound: a standby may answer (when the active cannot) if at most this many records "
-        "behind; a query's maxLag overrides it (default: standbys do not answer)",
-    )
-    parser.add_argument(
-        "--stall-timeout-s",
-        type=int,
-        help="not ready (/readyz 503) when records wait and no batch was applied for this many seconds (default 60)",
-    )
-    parser.add_argument("--group-session-timeout-ms", type=int, help="kafka membership: session timeout (10000)")
-    parser.add_argument(
-        "--group-protocol",
-        choices=["classic", "consumer"],
-        help="kafka membership: the group's rebalance protocol, classic (default) or consumer (KIP-848, Kafka 4.0+)",
-    )
-    parser.add_argument(
-        "--rebuild-lost-partitions",
+
+
+def _kafka_flags(parser: argparse.ArgumentParser) -> None:
+    kafka = parser.add_argument_group("Kafka", "the cluster the app's topics are read from")
+    kafka.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: the app's)")
+    kafka.add_argument(
+        "--create-topics",
         action="store_true",
         default=None,
-        help="rebuild a partition from the topic's earliest offset when Kafka deleted records it had not applied "
-        "(retention); without it the partition answers DATA_LOST",
+        help="create the app's input topics if missing (off: production topics are provisioned)",
     )
-    parser.add_argument(
+
+
+def _storage_flags(parser: argparse.ArgumentParser) -> None:
+    storage = parser.add_argument_group("storage", "the node's RocksDB stores, and how a copy is restored")
+    storage.add_argument("--state-dir", type=Path, help="where the node keeps its RocksDB stores (default ./state)")
+    storage.add_argument(
         "--no-changelog",
         dest="changelog",
         action="store_false",
@@ -112,12 +97,63 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
         help="keep no changelog topics: a copy rebuilds its stores by replaying the input topics (what they still "
         "hold), and standbys run the pipeline",
     )
-    parser.add_argument(
-        "--create-topics",
+    storage.add_argument(
+        "--rebuild-lost-partitions",
         action="store_true",
         default=None,
-        help="create the app's input topics if missing (off: production topics are provisioned)",
+        help="rebuild a partition from the topic's earliest offset when Kafka deleted records it had not applied "
+        "(retention); without it the partition answers DATA_LOST",
     )
+
+
+def _spark_flags(parser: argparse.ArgumentParser) -> None:
+    spark = parser.add_argument_group("Spark", "the node's streaming queries")
+    spark.add_argument("--spark-master", help="Spark master (default local[*])")
+    spark.add_argument("--driver-memory", help="Spark driver memory (default 1g)")
+    spark.add_argument(
+        "--spark-conf",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a Spark setting for the node's session, e.g. spark.executor.memory=2g (repeat for more)",
+    )
+    spark.add_argument("--max-records-per-batch", type=int, help="records per micro-batch at most")
+    spark.add_argument(
+        "--kafka-source", choices=["kafka", "iqkafka"], help="Spark's Kafka connector (default) or the Python source"
+    )
+    spark.add_argument(
+        "--stall-timeout-s",
+        type=int,
+        help="not ready (/readyz 503) when records wait and no batch was applied for this many seconds (default 60)",
+    )
+
+
+def _cluster_flags(parser: argparse.ArgumentParser) -> None:
+    cluster = parser.add_argument_group("cluster", "the nodes, who serves which partition, and the peers' listener")
+    cluster.add_argument("--node-id", help="this node's id (default node-0)")
+    cluster.add_argument(
+        "--peer-port", type=int, help="port of the peers' listener, /internal/* only (default: --port + 10000)"
+    )
+    cluster.add_argument(
+        "--advertised-peer-url", help="the URL peers reach the peer listener at (default: the advertised URL's host)"
+    )
+    cluster.add_argument("--membership", choices=["static", "kafka"], help="how nodes find each other (default static)")
+    cluster.add_argument("--peers", help="static membership: every node as id=URL (or URLs: node-0, node-1, …)")
+    cluster.add_argument("--standbys", type=int, help="standby copies of each partition on other nodes (default 0)")
+    cluster.add_argument(
+        "--max-lag",
+        type=int,
+        help="default staleness bound: a standby may answer (when the active cannot) if at most this many records "
+        "behind; a query's maxLag overrides it (default: standbys do not answer)",
+    )
+    cluster.add_argument("--group-session-timeout-ms", type=int, help="kafka membership: session timeout (10000)")
+    cluster.add_argument(
+        "--group-protocol",
+        choices=["classic", "consumer"],
+        help="kafka membership: the group's rebalance protocol, classic (default) or consumer (KIP-848, Kafka 4.0+)",
+    )
+
+
+def _security_flags(parser: argparse.ArgumentParser) -> None:
     security = parser.add_argument_group("security (docs/security.md; secrets: prefer the IQGRAPH_* variables)")
     security.add_argument("--auth", help="client authentication: none (default), jwt, api-key or jwt,api-key")
     security.add_argument("--jwt-jwks", help="RS256/ES256: the JWKS file or URL of the token issuer's keys")
@@ -143,7 +179,6 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     security.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate chain (PEM)")
     security.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
     security.add_argument("--tls-ca", type=Path, help="CA bundle to verify peers' certificates (PEM)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from iqgraph.app.cli import main
 from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.broker import free_port
 from tests.conftest import MakeTopic
@@ -88,6 +91,32 @@ def test_a_taken_port_is_one_clear_line_before_anything_starts(tmp_path: Path) -
         result = iqgraph("serve", "--app", "iqgraph.examples.shop:app", *peers, env=env)
     assert_one_line_error(result, f"cannot listen on 127.0.0.1:{peer_port}", "choose another --peer-port")
     assert "Spark" not in result.stdout
+
+
+def test_serve_help_shows_a_nodes_flags_in_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    """``iqgraph serve --help`` lists every flag once, under the group it belongs to; only --app, --config and
+    --verbose stand outside a group."""
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--help"])
+    assert exited.value.code == 0
+    groups: dict[str, list[str]] = {}
+    heading = None
+    for line in capsys.readouterr().out.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            heading = line.removesuffix(":").split(" (")[0]
+            groups[heading] = []
+        elif heading is not None and line.startswith("  -"):
+            groups[heading].append(re.findall(r"--[a-z-]+", line)[0])
+    assert list(groups) == ["options", "HTTP", "query limits", "Kafka", "storage", "Spark", "cluster", "security"]
+    assert groups["options"] == ["--help", "--app", "--config", "--verbose"]
+    assert all(len(flags) >= 2 for flags in groups.values()), groups
+    every = [flag for flags in groups.values() for flag in flags]
+    assert len(every) == len(set(every)) == 53
+    assert {"--kafka-source", "--spark-conf"} <= set(groups["Spark"])
+    assert {"--peers", "--standbys", "--max-lag", "--peer-port"} <= set(groups["cluster"])
+    assert {"--bootstrap-servers", "--create-topics"} == set(groups["Kafka"])
+    assert {"--state-dir", "--no-changelog", "--rebuild-lost-partitions"} == set(groups["storage"])
+    assert {"--auth", "--tls-cert", "--trusted-documents"} <= set(groups["security"])
 
 
 def test_the_peer_listener_must_have_a_port_of_its_own_in_range() -> None:
