@@ -57,7 +57,7 @@ from iqgraph.schema.errors import (
 )
 from iqgraph.schema.keys import key_kind
 from iqgraph.schema.naming import camel_case
-from iqgraph.stores import Key, StoreError, StoreKind, UnknownStoreError
+from iqgraph.stores import Key, StoreError, UnknownStoreError
 
 if TYPE_CHECKING:
     from iqgraph.schema.asgi import GraphQLApp
@@ -65,12 +65,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: per store kind, the field of the store's type GET /stores/{store}/keys/{key} reads, and its arguments' params
-_KEY_FIELDS = {
-    StoreKind.KEY_VALUE: ("get", ()),
-    StoreKind.WINDOW: ("fetch", ("from", "to")),
-    StoreKind.BLOOM: ("mightContain", ()),
-}
+
+class KeyRead(NamedTuple):
+    """A field of a store's type that GET /stores/{store}/keys/{key} reads: the name of its answer in the body, the
+    query parameters passed as its arguments, and whether a null or empty answer is a 404 (a bloom filter's
+    False is an answer)."""
+
+    field: str
+    body: str
+    params: tuple[str, ...] = ()
+    absent_is_404: bool = True
+
+
+#: What the key route reads: the first of these fields the store's GraphQL type has (the type says what its kind
+#: answers; a ranking has none of them). A new kind of store with a point read adds its field here.
+_KEY_READS = (
+    KeyRead("get", "value"),
+    KeyRead("fetch", "windows", ("from", "to")),
+    KeyRead("mightContain", "mightContain", absent_is_404=False),
+)
+#: The count route reads the first of these its type has (a bloom filter keeps no keys: its estimate only).
+_COUNT_FIELDS = ("count", "approximateCount")
 _NUMBERS = frozenset({"Int", "Long"})  # argument types whose query parameter must be a whole number
 
 
@@ -82,30 +97,25 @@ def rest_routes(queries: ClusterStoreQueries, graphql: GraphQLApp) -> list[Route
     async def value(request: Request) -> Response:
         async def answer() -> Response:
             store, key = _store_key(queries, request)
-            kind = _kind(queries, store)
-            if kind is StoreKind.RANKING:
+            fields = documents.fields(store)
+            read = next((r for r in _KEY_READS if r.field in fields), None)
+            if read is None:
                 raise invalid_argument(
                     "store",
                     f"{store!r} is a ranking: it keeps no value per key; read its top at /stores/{store}/top"
                     "?group=…&first=…",
                 )
-            field, params = _KEY_FIELDS[kind]
-            found, extensions = await _run(graphql, documents, request, store, field, {"key": key}, params)
-            body: dict[str, Any] = {"store": store, "key": key}
-            if kind is StoreKind.BLOOM:
-                body["mightContain"] = found
-            elif not found:  # null, or no window in [from, to]
+            found, extensions = await _run(graphql, documents, request, store, read.field, {"key": key}, read.params)
+            if read.absent_is_404 and not found:  # null, or no window in [from, to]
                 return _not_found(store, key, extensions)
-            else:
-                body["windows" if kind is StoreKind.WINDOW else "value"] = found
-            return _found(body, extensions)
+            return _found({"store": store, "key": key, read.body: found}, extensions)
 
         return await _answered(answer)
 
     async def top(request: Request) -> Response:
         async def answer() -> Response:
             store = _store(queries, request)
-            if _kind(queries, store) is not StoreKind.RANKING:
+            if "top" not in documents.fields(store):
                 raise invalid_argument("store", f"{store!r} is not a ranking: read a key at /stores/{store}/keys/…")
             found, extensions = await _run(graphql, documents, request, store, "top", {}, ("group", "first", "after"))
             return _found({"store": store, "group": request.query_params.get("group"), "top": found}, extensions)
@@ -115,7 +125,8 @@ def rest_routes(queries: ClusterStoreQueries, graphql: GraphQLApp) -> list[Route
     async def count(request: Request) -> Response:
         async def answer() -> Response:
             store = _store(queries, request)
-            field = "approximateCount" if _kind(queries, store) is StoreKind.BLOOM else "count"  # a bloom keeps no keys
+            fields = documents.fields(store)
+            field = next(f for f in _COUNT_FIELDS if f in fields)
             found, extensions = await _run(graphql, documents, request, store, field, {}, ())
             return _found({"store": store, field: found}, extensions)
 
@@ -162,15 +173,24 @@ class Documents:
             s.name: frozenset(camel_case(r.field) for r in s.relations if r.replaces_column) for s in stores
         }
 
-    @functools.lru_cache(maxsize=1_024)  # noqa: B019 - one per node, for its life
-    def document(self, store: str, field: str, arguments: tuple[str, ...]) -> Document:
-        """Return the query reading field of store's root field with arguments (their variables named alike)."""
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - one per node, for its life
+    def fields(self, store: str) -> frozenset[str]:
+        """Return the fields of store's GraphQL type: what its kind answers (``get``, ``fetch``, ``top``, …)."""
+        return frozenset(self._store_type(store).fields)
+
+    def _store_type(self, store: str) -> GraphQLObjectType:
         query = self.schema.query_type
         root = camel_case(store)
         assert query is not None and root in query.fields  # noqa: S101 - a store of the node's schema
         store_type = get_named_type(query.fields[root].type)
         assert isinstance(store_type, GraphQLObjectType)  # noqa: S101
-        read = store_type.fields[field]
+        return store_type
+
+    @functools.lru_cache(maxsize=1_024)  # noqa: B019 - one per node, for its life
+    def document(self, store: str, field: str, arguments: tuple[str, ...]) -> Document:
+        """Return the query reading field of store's root field with arguments (their variables named alike)."""
+        root = camel_case(store)
+        read = self._store_type(store).fields[field]
         types = {a: str(read.args[a].type) for a in arguments if a in read.args}
         variables = ["$maxLag: Long", *(f"${a}: {t}" for a, t in types.items())]
         args = f"({', '.join(f'{a}: ${a}' for a in types)})" if types else ""
@@ -294,10 +314,6 @@ def _store_key(queries: ClusterStoreQueries, request: Request) -> tuple[str, Key
     store = _store(queries, request)
     info = next(s for s in queries.stores() if s.name == store)
     return store, key_kind(info.key_type).parse(request.path_params["key"])
-
-
-def _kind(queries: ClusterStoreQueries, store: str) -> StoreKind:
-    return StoreKind(next(s.kind for s in queries.stores() if s.name == store))
 
 
 def _found(body: dict[str, Any], extensions: dict[str, Any]) -> Response:

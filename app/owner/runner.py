@@ -41,14 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructType
 
-from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST, definition_of
+from iqgraph.app.catalog import definition_of
 from iqgraph.app.owner.views import LocalStoreViews
 from iqgraph.schema.access import ANONYMOUS, Principal
 from iqgraph.schema.errors import INTERNAL, TIMEOUT, ApiError, api_error, fails_over
 from iqgraph.schema.owner_fields import value_converter
 from iqgraph.schema.types import Answer, OwnerFieldInfo
 from iqgraph.schema.wire import Owned
-from iqgraph.stores import Key, PartitionStores, StoreError, StoreKind, StoreNotReadyError, UnknownStoreError
+from iqgraph.stores import Key, PartitionStores, StoreError, StoreNotReadyError, UnknownStoreError
 from iqgraph.streaming.owner_fields import OWNER_FIELD_MAX_TIMEOUT_S
 from iqgraph.streaming.types import StoreViews
 
@@ -308,15 +308,8 @@ class _Workers:
 def _found(routing: StoreDefinition, stores: Sequence[PartitionStores], keys: list[Key]) -> list[bool]:
     """Return per key whether the routing store holds it in any of the partitions' stores."""
     found = [False] * len(keys)
-    name = routing.name
     for partition in stores:
-        if routing.kind is StoreKind.KEY_VALUE:
-            here = [v is not None for v in partition.kv(name).multi_get(keys, states=True)]
-        elif routing.kind is StoreKind.BLOOM:
-            here = [bool(v) for v in partition.bloom(name).might_contain_many(keys)]
-        else:
-            window = partition.window(name)
-            here = [bool(window.fetch_range(k, k, FAR_PAST, FAR_FUTURE, 1, states=True).items) for k in keys]
+        here = partition.store(routing.name).contains_many(keys)
         found = [a or b for a, b in zip(found, here, strict=True)]
     return found
 

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST, definition_of
 from iqgraph.app.query.merging import combiner, finalize, key_codec
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read
-from iqgraph.stores import Key, KeyCodec, StoreKind, WindowedValue
+from iqgraph.stores import BloomStore, Key, KeyCodec, KeyValueStore, StoreView, WindowedValue, WindowStore
 from iqgraph.streaming.types import DEFAULT_LIMIT
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ class _View:
 
     __slots__ = ("_combine", "_definition", "_encode", "_reads")
     _METHODS: tuple[str, ...] = ()
+    #: the kind of store the view reads (its class: ``stores.kinds``)
+    _STORE: ClassVar[type[StoreView]]
 
     def __init__(self, definition: StoreDefinition, reads: ReadMethods, codec: KeyCodec) -> None:
         self._definition = definition
@@ -79,17 +81,8 @@ class _View:
 
 def _read_methods(cls: type[_View], definition: StoreDefinition, partitions: Sequence[PartitionStores]) -> ReadMethods:
     """Return the read methods a kind of view keeps, per partition (bound to that partition's store)."""
-    stores = [_store(definition, s) for s in partitions]
+    stores = [s.store(definition.name) for s in partitions]
     return {name: tuple(getattr(store, name) for store in stores) for name in cls._METHODS}
-
-
-def _store(definition: StoreDefinition, stores: PartitionStores) -> Any:
-    name = definition.name
-    if definition.kind is StoreKind.KEY_VALUE:
-        return stores.kv(name)
-    if definition.kind is StoreKind.WINDOW:
-        return stores.window(name)
-    return stores.bloom(name)
 
 
 class LocalKeyValueView(_View):
@@ -97,6 +90,7 @@ class LocalKeyValueView(_View):
 
     __slots__ = ()
     _METHODS = ("multi_get", "range", "prefix")
+    _STORE = KeyValueStore
 
     def get(self, key: Key) -> Any:
         """Return the value of key (None if absent)."""
@@ -135,6 +129,7 @@ class LocalWindowView(_View):
 
     __slots__ = ()
     _METHODS = ("fetch",)
+    _STORE = WindowStore
 
     def fetch(self, key: Key, time_from: int | None = None, time_to: int | None = None) -> list[WindowedValue]:
         """Return key's windows (key, start, end, value; times in epoch ms) with start in the range, oldest first."""
@@ -151,6 +146,7 @@ class LocalBloomView(_View):
 
     __slots__ = ()
     _METHODS = ("might_contain_many",)
+    _STORE = BloomStore
 
     def might_contain(self, key: Key) -> bool:
         """Return False if key was never added, True if it probably was."""
@@ -178,37 +174,37 @@ class LocalStoreViews:
         partitions: Sequence[int],
         caller: Principal = ANONYMOUS,
     ) -> None:
-        self._cache: dict[tuple[str, StoreKind], Any] = {}
+        self._cache: dict[tuple[str, type[_View]], Any] = {}
         self._open = _opener(local, routing, tuple(partitions), caller)
 
     def kv(self, store: str) -> LocalKeyValueView:
         """Return a read-only view of the key-value store called store."""
-        return self._view(store, StoreKind.KEY_VALUE, LocalKeyValueView)
+        return self._view(store, LocalKeyValueView)
 
     def window(self, store: str) -> LocalWindowView:
         """Return a read-only view of the window store called store."""
-        return self._view(store, StoreKind.WINDOW, LocalWindowView)
+        return self._view(store, LocalWindowView)
 
     def bloom(self, store: str) -> LocalBloomView:
         """Return a read-only view of the bloom store called store."""
-        return self._view(store, StoreKind.BLOOM, LocalBloomView)
+        return self._view(store, LocalBloomView)
 
-    def _view(self, store: str, kind: StoreKind, cls: type[_View]) -> Any:
-        found = self._cache.get((store, kind))
+    def _view(self, store: str, cls: type[_View]) -> Any:
+        found = self._cache.get((store, cls))
         if found is None:
-            found = self._cache[store, kind] = self._open(store, kind, cls)
+            found = self._cache[store, cls] = self._open(store, cls)
         return found
 
 
 def _opener(
     local: LocalPartitions, routing: StoreDefinition, partitions: tuple[int, ...], caller: Principal
-) -> Callable[[str, StoreKind, type[_View]], _View]:
+) -> Callable[[str, type[_View]], _View]:
     """Return a function opening a view of a store for the call's partitions (local is only in its closure)."""
 
-    def open_view(store: str, kind: StoreKind, cls: type[_View]) -> _View:
+    def open_view(store: str, cls: type[_View]) -> _View:
         check_read(caller, store)
         app = local.app
-        definition = definition_of(app, store, kind)
+        definition = definition_of(app, store, cls._STORE.kind)
         # the partitions' own checks: not hosted -> STORE_MIGRATED, not queryable -> STORE_NOT_READY
         hosted = [local.hosted(definition, p) for p in _partitions_of(local, routing, partitions, definition)]
         return cls(definition, _read_methods(cls, definition, hosted), key_codec(app, definition))
