@@ -29,7 +29,7 @@ from iqgraph.stores.partition import PartitionDB, PartitionTransaction
 from iqgraph.stores.scan import Page
 from iqgraph.stores.scans import Scan, refused
 from iqgraph.stores.spec import BloomSpec, StoreKind
-from iqgraph.stores.types import Lookup
+from iqgraph.stores.types import Followed, Lookup
 
 SNAPSHOT_KEY = b"snapshot"  # the whole snapshot, as databases written before pages hold it
 PAGES_KEY = b"pages"  # the snapshot's length in bytes (int64): its pages are page<0>..page<n-1>
@@ -52,6 +52,7 @@ class BloomStore:
     kind: ClassVar[StoreKind] = StoreKind.BLOOM
     windowed: ClassVar[bool] = False
     aggregated: ClassVar[bool] = False
+    followable: ClassVar[bool] = True
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
@@ -150,6 +151,12 @@ class BloomStore:
     def contains_many(self, keys: Sequence[Key]) -> list[bool]:
         """Return per key whether it was probably added."""
         return self.might_contain_many(keys)
+
+    def followed(self, keys: Sequence[Key], time_from: int | None = None) -> list[Followed]:
+        """Return the keys the filter (probably) contains, state True and no position (a filter keeps none)."""
+        return [
+            (key, None, True, None) for key, found in zip(keys, self.might_contain_many(keys), strict=True) if found
+        ]
 
     def page(self, scan: Scan, first: int, after: str | None) -> Page[Any]:
         """Refuse: a bloom filter keeps no keys to scan."""

@@ -18,7 +18,7 @@ from iqgraph.stores.positions import KeyPositions, latest_positions
 from iqgraph.stores.scan import Page, inclusive_stop, paginate, prefix_stop
 from iqgraph.stores.scans import PrefixScan, RangeScan, Scan, refused
 from iqgraph.stores.spec import StoreKind
-from iqgraph.stores.types import Lookup
+from iqgraph.stores.types import Followed, Lookup
 
 DEFAULT_PAGE = 100
 
@@ -39,6 +39,7 @@ class KeyValueStore(AggregatedStates):
     #: whether a read's states are windows (their wire form: ``schema.wire``), and whether they are aggregated
     windowed: ClassVar[bool] = False
     aggregated: ClassVar[bool] = True
+    followable: ClassVar[bool] = True
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
@@ -129,6 +130,16 @@ class KeyValueStore(AggregatedStates):
     def contains_many(self, keys: Sequence[Key]) -> list[bool]:
         """Return per key whether the store holds it."""
         return [state is not None for state in self.multi_get(keys, states=True)]
+
+    def followed(self, keys: Sequence[Key], time_from: int | None = None) -> list[Followed]:
+        """Return each key's state and position (a key not held: state None, position -1 if never written, else
+        the tombstone's that deleted it)."""
+        states = self.multi_get(keys, states=True)
+        positions = self.positions.read(self.codec.encode_many(keys))
+        return [
+            (key, None, state, -1 if state is None and at is None else at)
+            for key, state, at in zip(keys, states, positions, strict=True)
+        ]
 
     def page(self, scan: Scan, first: int, after: str | None) -> Page[Any]:
         """Return a page of a range or prefix scan's (key, state) entries, resumed after the cursor."""

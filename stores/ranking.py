@@ -28,7 +28,7 @@ from iqgraph.stores.partition import PartitionDB, PartitionTransaction, entries_
 from iqgraph.stores.scan import Page, paginate, prefix_stop
 from iqgraph.stores.scans import Scan, TopScan, refused
 from iqgraph.stores.spec import StoreKind
-from iqgraph.stores.types import Lookup
+from iqgraph.stores.types import Followed, Lookup
 
 #: ``update``'s group for a member whose group did not change in the batch: keep the one indexed.
 KEEP_GROUP: Any = object()
@@ -91,6 +91,7 @@ class RankingStore(AggregatedStates):
     kind: ClassVar[StoreKind] = StoreKind.RANKING
     windowed: ClassVar[bool] = False
     aggregated: ClassVar[bool] = False
+    followable: ClassVar[bool] = False
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
@@ -175,6 +176,10 @@ class RankingStore(AggregatedStates):
     def contains_many(self, keys: Sequence[Key]) -> list[bool]:
         """Return per member whether this partition ranks it."""
         return [self.entry(k) is not None for k in keys]
+
+    def followed(self, keys: Sequence[Key], time_from: int | None = None) -> list[Followed]:
+        """Refuse: a ranking's members are followed by its store's changes (``watchTop``), not by key."""
+        raise TypeError(f"store {self.name!r} is a ranking: follow its top, not its keys")
 
     def page(self, scan: Scan, first: int, after: str | None) -> Page[Any]:
         """Return a page of a top scan's index entries, resumed after the cursor."""

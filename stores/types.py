@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 #: A point read: the key, and for a window store the range of window starts (None: open).
 Lookup = tuple["Key", int | None, int | None]
+#: What a followed key holds now: the key, its window's start (None: not a window), its state, and the position of
+#: the record that last changed it (``stores.positions``; None: none kept; -1: a key-value key never written).
+Followed = tuple["Key", int | None, Any, int | None]
 
 
 class StoreReads(Protocol):
@@ -32,6 +35,8 @@ class StoreReads(Protocol):
     windowed: ClassVar[bool]
     #: the states are an aggregation's (the schema shows it); False for a bloom filter and a ranking
     aggregated: ClassVar[bool]
+    #: its keys can be followed (a live watch: ``followed``); a ranking is followed by its store's changes instead
+    followable: ClassVar[bool]
 
     @staticmethod
     def combiner(agg: Aggregation) -> Callable[[Any, Any], Any]:
@@ -49,6 +54,11 @@ class StoreReads(Protocol):
 
     def contains_many(self, keys: Sequence[Key]) -> list[bool]:
         """Return per key whether the store holds it (a bloom filter: probably)."""
+        ...
+
+    def followed(self, keys: Sequence[Key], time_from: int | None) -> list[Followed]:
+        """Return what keys hold now, with positions: what a live watch's snapshot sends (a window store: the
+        windows from time_from, None: all; a bloom filter: only the keys it contains, without a position)."""
         ...
 
     def page(self, scan: Scan, first: int, after: str | None) -> Page[Any]:

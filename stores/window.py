@@ -22,7 +22,7 @@ from iqgraph.stores.positions import KeyPositions
 from iqgraph.stores.scan import Page, inclusive_stop, paginate, scan
 from iqgraph.stores.scans import FAR_FUTURE, FAR_PAST, Scan, WindowRangeScan, WindowScan, refused
 from iqgraph.stores.spec import StoreKind, WindowSpec
-from iqgraph.stores.types import Lookup
+from iqgraph.stores.types import Followed, Lookup
 
 DEFAULT_PAGE = 100
 NO_TIME = -(1 << 63)
@@ -60,6 +60,7 @@ class WindowStore:
     kind: ClassVar[StoreKind] = StoreKind.WINDOW
     windowed: ClassVar[bool] = True
     aggregated: ClassVar[bool] = True
+    followable: ClassVar[bool] = True
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
@@ -207,6 +208,13 @@ class WindowStore:
     def contains_many(self, keys: Sequence[Key]) -> list[bool]:
         """Return per key whether the store holds a window of it."""
         return [bool(self.fetch_range(k, k, FAR_PAST, FAR_FUTURE, 1, states=True).items) for k in keys]
+
+    def followed(self, keys: Sequence[Key], time_from: int | None = None) -> list[Followed]:
+        """Return the keys' windows from time_from (None: all), states, each with its position."""
+        start = FAR_PAST if time_from is None else time_from
+        found = [w for key in keys for w in self.fetch(key, start, FAR_FUTURE, states=True)]
+        positions = self.positions.read([self.codec.encode_window_key(w.key, w.start) for w in found])
+        return [(w.key, w.start, w.value, at) for w, at in zip(found, positions, strict=True)]
 
     def page(self, scan: Scan, first: int, after: str | None) -> Page[Any]:
         """Return a page of a window scan's windows (states), resumed after the cursor."""

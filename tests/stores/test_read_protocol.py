@@ -78,7 +78,7 @@ def test_every_kind_of_store_is_a_class_that_answers_the_read_protocol() -> None
     for kind in StoreKind:
         cls = store_class(kind)
         assert cls.kind is kind
-        for name in ("read_states", "contains_many", "page", "read_count", "combiner", "finalizer"):
+        for name in ("read_states", "contains_many", "followed", "page", "read_count", "combiner", "finalizer"):
             assert callable(getattr(cls, name)), (cls, name)
     assert [store_class(k).windowed for k in StoreKind] == [k is StoreKind.WINDOW for k in StoreKind]
     assert {k for k in StoreKind if store_class(k).aggregated} == {StoreKind.KEY_VALUE, StoreKind.WINDOW}
@@ -202,3 +202,33 @@ def test_scans_are_frozen_values() -> None:
         scan.from_key = "c"  # type: ignore[misc]
     assert scan == RangeScan("a", "b") and hash(scan) == hash(RangeScan("a", "b"))
     assert WindowScan().args == {"time_from": -(1 << 62), "time_to": 1 << 62}  # no bounds: every window
+
+
+def test_followed_keys_carry_their_positions_and_a_ranking_is_not_followed_by_key(
+    open_partition: Callable[..., PartitionStores], apply: Apply
+) -> None:
+    stores = open_partition(specs=SPECS)
+    kv, window, bloom = stores.kv("totals"), stores.window("minutes"), stores.bloom("seen")
+
+    def write(tx: Any) -> None:
+        kv.merge(tx, [("a", 1), ("b", 2)], positions=[10, 11])
+        window.merge(tx, [("a", 0, 1), ("a", 10, 1)], stream_time=15, positions=[12, 13])
+        bloom.add(tx, ["a"])
+
+    apply(stores, write)
+    apply(stores, lambda tx: kv.delete(tx, "b", position=14))
+    assert kv.followed(["a", "b", "never"], None) == [
+        ("a", None, 1, 10),
+        ("b", None, None, 14),
+        ("never", None, None, -1),
+    ]
+    assert window.followed(["a", "never"], None) == [("a", 0, 1, 12), ("a", 10, 1, 13)]
+    assert window.followed(["a"], 10) == [("a", 10, 1, 13)]
+    assert bloom.followed(["a", "never"], None) == [("a", None, True, None)]
+    assert [k for k in StoreKind if store_class(k).followable] == [
+        StoreKind.KEY_VALUE,
+        StoreKind.WINDOW,
+        StoreKind.BLOOM,
+    ]
+    with pytest.raises(TypeError, match="follow its top"):
+        stores.ranking("top").followed(["a"], None)
