@@ -68,21 +68,21 @@ log = logging.getLogger(__name__)
 
 class KeyRead(NamedTuple):
     """A field of a store's type that GET /stores/{store}/keys/{key} reads: the name of its answer in the body, the
-    query parameters passed as its arguments, and whether a null or empty answer is a 404 (a bloom filter's
-    False is an answer)."""
+    query parameters passed as its arguments, and the answers that say the key is absent (404): a value that is
+    falsy (0, an empty list) is a value, a bloom filter's False an answer."""
 
     field: str
     body: str
     params: tuple[str, ...] = ()
-    absent_is_404: bool = True
+    absent: tuple[object, ...] = (None,)
 
 
 #: What the key route reads: the first of these fields the store's GraphQL type has (the type says what its kind
 #: answers; a ranking has none of them). A new kind of store with a point read adds its field here.
 _KEY_READS = (
     KeyRead("get", "value"),
-    KeyRead("fetch", "windows", ("from", "to")),
-    KeyRead("mightContain", "mightContain", absent_is_404=False),
+    KeyRead("fetch", "windows", ("from", "to"), absent=(None, [])),  # no window in [from, to]: as no key
+    KeyRead("mightContain", "mightContain", absent=()),
 )
 #: The count route reads the first of these its type has (a bloom filter keeps no keys: its estimate only).
 _COUNT_FIELDS = ("count", "approximateCount")
@@ -106,7 +106,7 @@ def rest_routes(queries: ClusterStoreQueries, graphql: GraphQLApp) -> list[Route
                     "?group=…&first=…",
                 )
             found, extensions = await _run(graphql, documents, request, store, read.field, {"key": key}, read.params)
-            if read.absent_is_404 and not found:  # null, or no window in [from, to]
+            if found in read.absent:
                 return _not_found(store, key, extensions)
             return _found({"store": store, "key": key, read.body: found}, extensions)
 
