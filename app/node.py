@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from iqgraph.app.cluster.health import PeerHealth
@@ -37,9 +37,11 @@ from iqgraph.app.owner.calls import call_many
 from iqgraph.app.owner.runner import OwnerFieldRunner
 from iqgraph.app.query.partitions import LocalPartitions
 from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
+from iqgraph.app.restore_progress import RestoreProgress, done_line
 from iqgraph.app.security.tls import peer_verify
 from iqgraph.app.settings import Settings
 from iqgraph.app.supervisor import QuerySupervisor
+from iqgraph.schema.types import PipelineInfo
 from iqgraph.stores import PartitionState, StateDirectory, StoreError, UserError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.definitions import App
@@ -94,6 +96,10 @@ class Node:
         self.health: PeerHealth | None = None
         self.supervisor: QuerySupervisor | None = None
         self.kafka_watch: KafkaWatch | None = None
+        self.start_failure: BaseException | None = None  # why the pipelines did not start (start(serve_first=True))
+        self._spark_start: ThreadPoolExecutor | None = None
+        self._spark_future: Future[SparkSession] | None = None  # the session starting while the node opens
+        self._start_lock = threading.Lock()  # the pipelines start, or the node stops: not both
         # what each committed batch changed, for the subscriptions (at most max_subscriptions watches at once)
         self.change_feed = ChangeFeed(max_subscriptions=settings.max_subscriptions)
         self.live: Live | None = None
@@ -144,8 +150,25 @@ class Node:
             found[topic.name] = partitions
         return found
 
-    def start(self, progress: Progress = log.info) -> None:
-        """Start the node: join the cluster, start Spark and the queries over its stores, and serve lookups."""
+    def start(self, progress: Progress = log.info, serve_first: bool = False) -> None:
+        """Start the node: join the cluster, open and restore its partitions and make what serves them (`open`),
+        then, once Spark has started, run the streaming queries over them (`start_pipelines`).
+
+        serve_first: return once the node can serve (its stores restored), and start the pipelines in a thread;
+        a start error found there stops the node and is kept in `start_failure` (the server exits on it).
+        """
+        self.open(progress)
+        if not serve_first:
+            self.start_pipelines(progress)
+            return
+        thread = threading.Thread(target=self._start_pipelines_behind, args=(progress,), name="pipelines-start")
+        thread.daemon = True
+        thread.start()
+
+    def open(self, progress: Progress = log.info) -> None:
+        """Check Kafka, join the cluster, open and restore the hosted partitions, and make what serves reads over
+        them; Spark starts meanwhile in a thread (`start_pipelines` waits for it). Nothing here needs Spark but a
+        store whose value type only Spark's analysis can tell."""
         self.state = NodeState.STARTING
         self.timings["started"] = time.monotonic()
         try:
@@ -154,24 +177,57 @@ class Node:
         except (StoreError, ValueError) as exc:
             raise NodeStartError(str(exc)) from None
         self._check(state_dir, progress)  # what fails in one line fails before the JVM starts (and says so)
-        progress(f"starting Spark ({self.settings.spark_master}) while joining; this takes a few seconds")
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-start") as pool:
-            spark = pool.submit(self._timed, "spark", self._spark)  # the JVM starts while the node joins
-            try:
-                assignment = self._join(state_dir, progress)
-            except BaseException:
-                if spark.exception() is None:
-                    spark.result().stop()
-                raise
+        progress(f"starting Spark ({self.settings.spark_master}) while joining and restoring; this takes a few seconds")
+        self._spark_start = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-start")
+        self._spark_future = self._spark_start.submit(self._timed, "spark", self._spark)  # while the node joins
+        try:
+            assignment = self._join(state_dir, progress)
             self.timings["joined"] = time.monotonic() - self.timings["started"]
-            self.spark = spark.result()
-        runner = self._start_queries(state_dir, assignment, progress)
-        self._start_serving(runner)
-        self.state = NodeState.RUNNING
-        assert self.supervisor is not None and self.membership is not None  # noqa: S101 - set above
+            self._open_partitions(state_dir, assignment)
+            assert self.runner is not None  # noqa: S101 - opened above
+            self._start_serving(self.runner)
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["serving"] = time.monotonic() - self.timings["started"]
+
+    def start_pipelines(self, progress: Progress = log.info) -> None:
+        """Wait for Spark and start the streaming queries over the open partitions; the node is RUNNING then."""
+        assert self.runner is not None and self.supervisor is not None  # noqa: S101 - opened first
+        assert self._spark_future is not None and self._spark_start is not None  # noqa: S101 - submitted by open
+        if not self._spark_future.done():
+            progress("serving reads from the restored stores while Spark starts")
+        try:
+            spark = self._spark_future.result()
+            self._spark_start.shutdown()
+            with self._start_lock:
+                if self.state is not NodeState.STARTING:
+                    return  # stopped while Spark started: stop() stops it
+                self.spark = spark
+            progress(f"Spark ready in {self.timings['spark']:.1f} s; starting the streaming queries")
+            started = time.monotonic()
+            self.runner.use_spark(spark)
+        except (StoreError, ValueError) as exc:  # DefinitionError is a ValueError
+            self.stop()
+            raise NodeStartError(str(exc)) from None
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["queries"] = time.monotonic() - started
+        with self._start_lock:
+            if self.state is not NodeState.STARTING:
+                return
+            self.state = NodeState.RUNNING
         self.supervisor.start()
-        if self.assignment is None:
+        if self.assignment is None and self.membership is not None:
             self._on_new_map(self.membership.current())  # a map that changed while the node started
+
+    def _start_pipelines_behind(self, progress: Progress) -> None:
+        """Start the pipelines (in a thread, the node serving); keep a start error in start_failure."""
+        try:
+            self.start_pipelines(progress)
+        except BaseException as exc:  # noqa: BLE001 - kept for the server, which exits and raises it
+            self.start_failure = exc
 
     def _check(self, state_dir: StateDirectory, progress: Progress) -> None:
         """Check Kafka and the topics (creating them if asked), and that no other process holds this state dir."""
@@ -206,24 +262,21 @@ class Node:
             raise NodeStartError(str(exc)) from None
         return assignment
 
-    def _start_queries(
-        self, state_dir: StateDirectory, assignment: Mapping[str, Iterable[int]], progress: Progress
-    ) -> StreamRunner:
-        """Start Spark and the streaming queries over the hosted partitions; return their runner."""
-        assert self.spark is not None  # noqa: S101 - started with the join
-        progress(f"Spark ready in {self.timings['spark']:.1f} s; starting the streaming queries")
-        started = time.monotonic()
+    def _open_partitions(self, state_dir: StateDirectory, assignment: Mapping[str, Iterable[int]]) -> None:
+        """Make the runner (no Spark yet) and open and restore the hosted partitions with it."""
         from iqgraph.streaming.static_types import NeedsSparkError, static_value_types
-        from iqgraph.streaming.value_types import value_types
 
         try:
             try:  # from the declared schemas, as `iqgraph schema` does (equal to Spark's: test_schema_without_spark)
                 self.types = static_value_types(self.app)
-            except NeedsSparkError:  # a transform only Spark's analysis can type
-                self.types = value_types(self.app, self.spark)
+            except NeedsSparkError:  # a transform only Spark's analysis can type: wait for Spark
+                from iqgraph.streaming.value_types import value_types
+
+                assert self._spark_future is not None  # noqa: S101 - submitted by open
+                self.types = value_types(self.app, self._spark_future.result())
             self.runner = StreamRunner(
                 self.app,
-                self.spark,
+                None,
                 state_dir,
                 self._runner_settings(),
                 observer=self.metrics.batch_applied,
@@ -232,10 +285,7 @@ class Node:
             )
             self.runner.start(assignment)
         except (StoreError, ValueError) as exc:  # DefinitionError is a ValueError
-            self.stop()
             raise NodeStartError(str(exc)) from None
-        self.timings["queries"] = time.monotonic() - started
-        return self.runner
 
     def _timed(self, step: str, run: Callable[[], T]) -> T:
         """Return run(), keeping how long it took as timings[step]."""
@@ -247,7 +297,7 @@ class Node:
 
     def _start_serving(self, runner: StreamRunner) -> None:
         """Make what serves reads, owner-side fields and subscriptions over the runner's partitions."""
-        assert self.membership is not None and self.spark is not None  # noqa: S101 - joined, Spark started
+        assert self.membership is not None  # noqa: S101 - joined
         self.kafka_watch = KafkaWatch(self._client_config())
         self.kafka_watch.start()
         self.supervisor = QuerySupervisor(runner, kafka_reachable=self.kafka_watch.reachable)
@@ -266,7 +316,7 @@ class Node:
             end_offset=self.topic_watch.end_offset,
             state=lambda: self.state.value,
             role=self._role,
-            pipeline=self.supervisor.status,
+            pipeline=self._pipeline,
             stall_timeout_s=self.settings.stall_timeout_s,
             owner=OwnerFieldRunner,
         )
@@ -339,6 +389,13 @@ class Node:
             return StaticMembership(settings.node_id, members, partitions, settings.standbys, global_topics)
         except ValueError as exc:
             raise NodeStartError(str(exc)) from None
+
+    def _pipeline(self) -> PipelineInfo | None:
+        """Return how the streaming queries are doing: STARTING until they run (Spark starting), then the
+        supervisor's account."""
+        if self.runner is None or not self.runner.started or self.supervisor is None:
+            return PipelineInfo("STARTING")
+        return self.supervisor.status()
 
     def _live_stats(self) -> dict[str, int]:
         live = self.live
@@ -418,21 +475,21 @@ class Node:
         threading.Thread(target=self.runner.reassign, args=(hosted,), name="reassign", daemon=True).start()
 
     def watch_restore(self, progress: Progress, interval: float = 2.0) -> threading.Thread:
-        """Report restoring partitions and their lag every interval until all are queryable (a thread)."""
+        """Say how the restore goes every interval, when there is something new to say, until every partition is
+        queryable and the pipeline runs (a thread; ``app.restore_progress``)."""
+        said = RestoreProgress()
+        global_topics = [t.name for t in self.app.topics if t.global_table]
 
         def watch() -> None:
-            while self.state is NodeState.RUNNING and self.local is not None:
-                partitions = self.local.node().partitions
-                restoring = [p for p in partitions if p.state != PartitionState.RUNNING.value]
-                if not restoring:
-                    progress(f"all {len(partitions)} partitions are queryable: {self.ready_in()}")
+            while self.state in (NodeState.STARTING, NodeState.RUNNING) and self.local is not None:
+                info = self.local.node()
+                started = info.pipeline is None or info.pipeline.state != "STARTING"
+                if started and all(p.state == PartitionState.RUNNING.value for p in info.partitions):
+                    progress(done_line(info.partitions, self.ready_in(), global_topics))
                     return
-                lag = sum(p.lag for p in restoring)
-                line = f"restoring {len(restoring)} of {len(partitions)} partitions: {lag:,} records to apply"
-                pipeline = self.supervisor.status() if self.supervisor is not None else None
-                if pipeline is not None and pipeline.deaths_in_a_row:
-                    line += f"; the streaming query died {pipeline.deaths_in_a_row}× in a row: {pipeline.last_error}"
-                progress(line)
+                line = said.line(info.partitions, info.pipeline, time.monotonic())
+                if line is not None:
+                    progress(line)
                 time.sleep(interval)
 
         thread = threading.Thread(target=watch, name="restore-progress", daemon=True)
@@ -500,8 +557,11 @@ class Node:
         return all(p.state == PartitionState.RUNNING.value and not p.stalled for p in info.partitions)
 
     def stop(self) -> None:
-        """Stop the streaming queries, close every store cleanly, stop Spark."""
-        self.state = NodeState.STOPPING
+        """Stop the streaming queries, close every store cleanly, stop Spark (once started, if it is starting)."""
+        with self._start_lock:
+            if self.state in (NodeState.STOPPING, NodeState.STOPPED):
+                return  # stopped already (a start that failed stops the node)
+            self.state = NodeState.STOPPING
         if self.kafka_watch is not None:
             self.kafka_watch.stop()
         if self.supervisor is not None:
@@ -514,6 +574,12 @@ class Node:
             self.membership.stop()
         if self.runner is not None:
             self.runner.stop()
-        if self.spark is not None:
-            self.spark.stop()
+        spark = self.spark
+        if spark is None and self._spark_future is not None:  # Spark still starting, or started and not used
+            if not self._spark_future.done():
+                log.warning("Spark is still starting: it is stopped as soon as it has started")
+            spark = None if self._spark_future.exception() is not None else self._spark_future.result()
+        if spark is not None:
+            spark.stop()
+        self.spark = None
         self.state = NodeState.STOPPED

@@ -51,7 +51,6 @@ from iqgraph.stores import (
     KEEP_GROUP,
     Aggregation,
     OffsetGapError,
-    PartitionState,
     PartitionStores,
     PartitionTransaction,
     StoreKind,
@@ -609,9 +608,3 @@ def _ranked_value(ranking: StoreDefinition, aggregation: Aggregation, member: An
     except Exception:  # the user's code: anything it raises leaves this member unranked, logged
         log.exception("ranking %s: the value of %r could not be finalized; left out of the index", ranking.name, member)
         return None
-
-
-def mark_running_when_caught_up(stores: PartitionStores, target: int) -> None:
-    """Move a restoring partition to RUNNING once it has applied everything up to target."""
-    if stores.db.state is PartitionState.RESTORING and stores.db.next_offset() >= target:
-        stores.db.set_state(PartitionState.RUNNING)

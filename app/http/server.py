@@ -306,7 +306,7 @@ def serve(settings: Settings, app: App) -> int:
             listeners.append(bind_listener(settings.host, settings.peer_listen_port, "--peer-port"))
         node = Node(settings, app)
         progress = lambda message: print(f"iqgraph: {message}", flush=True)  # noqa: E731
-        node.start(progress=progress)
+        node.start(progress=progress, serve_first=True)  # the streaming queries start once Spark has (a thread)
     except BaseException:
         for listener in listeners:
             listener.close()
@@ -332,6 +332,8 @@ def serve(settings: Settings, app: App) -> int:
             listener.close()
         print("iqgraph: stopping: streaming queries, stores, Spark", flush=True)
         node.stop()
+    if node.start_failure is not None:  # the streaming queries could not start: the server stopped for it
+        raise node.start_failure
     return 0
 
 
@@ -349,6 +351,10 @@ class NodeServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, node: Node) -> None:
         super().__init__(config)
         self.node = node
+
+    async def on_tick(self, counter: int) -> bool:
+        """Return whether to exit: when asked to, or when the node's streaming queries could not start."""
+        return await super().on_tick(counter) or self.node.start_failure is not None
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         ending = asyncio.ensure_future(self._end_live_streams())

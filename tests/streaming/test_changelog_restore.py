@@ -126,7 +126,7 @@ def test_copies_built_after_retention_answer_what_the_older_copy_answers(
         standby = runner_on(
             app, spark, tmp_path / "standby", bootstrap, role=lambda t, p: roles["role"], follow_changelog=True
         )
-        assert standby.follower is not None and len(standby.follower.followed()) == PARTITIONS
+        assert standby.hosted.follower is not None and len(standby.hosted.follower.followed()) == PARTITIONS
         wait_equal(lambda: truth, lambda: dump(standby.partitions[topic]) if standby else {})
         produce(bootstrap, topic, orders(2, 1_000))
         caught_up(wiped, topic)
@@ -146,7 +146,7 @@ def test_copies_built_after_retention_answer_what_the_older_copy_answers(
             k: v for s in standby.partitions[topic].values() for k, v in s.kv("order_count").all(limit=10_000).items
         }
         assert sum(final.values()) == 4_500
-        assert standby.follower is not None and standby.follower.followed() == []
+        assert standby.hosted.follower is not None and standby.hosted.follower.followed() == []
         promoted = dump(standby.partitions[topic])
     finally:
         standby.stop()

@@ -1,0 +1,80 @@
+"""What a starting node says while its partitions restore: one true line, only when it has something new to say.
+
+A node that restarts opens its partitions, restores them from their changelogs, serves, and then applies what the
+input topics hold past the changelogs (RESTORING) once Spark has started. `RestoreProgress.line` is called every
+couple of seconds with the node's partitions; it says how many partitions restore and the records they still
+have to apply, and what moves: the records applied since the last line, the rate and the time left, or, while
+nothing moves, why (Spark still starting, the queries' first batch not applied yet, a query that died). A line
+that would repeat the last one is not said; a wait is said again every ``QUIET_S`` with how long it has lasted.
+Once every partition is queryable, `done_line` says so with the count per topic and role.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from iqgraph.schema.types import PartitionInfo, PipelineInfo
+from iqgraph.stores import PartitionState
+
+QUIET_S = 10.0  # a wait with nothing moving is said again after this long
+
+
+@dataclass
+class RestoreProgress:
+    """The restore lines of one node's start (times from time.monotonic())."""
+
+    _applied: int | None = None  # records applied over the restoring partitions at the last call
+    _at: float = 0.0  # the last call
+    _said: str = ""  # the last line said: a wait's reason, or a progress line
+    _said_at: float = 0.0
+    _still_since: float | None = None  # since when nothing moved
+
+    def line(self, partitions: Sequence[PartitionInfo], pipeline: PipelineInfo | None, now: float) -> str | None:
+        """Return the line to say now about the partitions still restoring (None: nothing new to say)."""
+        restoring = [p for p in partitions if p.state != PartitionState.RUNNING.value]
+        applied, lag = sum(p.applied_offset for p in restoring), sum(p.lag for p in restoring)
+        head = f"restoring {len(restoring)} of {len(partitions)} partitions: {lag:,} records to apply"
+        moved = 0 if self._applied is None else max(applied - self._applied, 0)
+        seconds = max(now - self._at, 1e-3)
+        self._applied, self._at = applied, now
+        if moved:
+            self._still_since = None
+            rate = moved / seconds
+            eta = f", about {lag / rate:.0f} s to go" if lag else ""
+            self._said, self._said_at = "moving", now
+            return f"{head} ({moved:,} applied in the last {seconds:.0f} s, {rate:,.0f}/s{eta})"
+        self._still_since = now if self._still_since is None else self._still_since
+        reason = _waiting_on(pipeline)
+        if reason == self._said and now - self._said_at < QUIET_S:
+            return None  # nothing new (the records to apply may grow): said again after a while, with how long
+        tail = f" (nothing applied for {now - self._still_since:.0f} s)" if reason == self._said else ""
+        self._said, self._said_at = reason, now
+        return f"{head}; {reason}{tail}"
+
+
+def _waiting_on(pipeline: PipelineInfo | None) -> str:
+    """Return why nothing is being applied: what the pipeline is doing."""
+    if pipeline is None or pipeline.state == "STARTING":
+        return "Spark is still starting (the restored stores serve meanwhile)"
+    if pipeline.state == "DEAD" or pipeline.deaths_in_a_row:
+        return f"the streaming query died {pipeline.deaths_in_a_row}× in a row: {pipeline.last_error}"
+    return "the streaming queries run; waiting for their first batch"
+
+
+def done_line(partitions: Iterable[PartitionInfo], ready_in: str, global_topics: Iterable[str] = ()) -> str:
+    """Return "all N partitions are queryable: <ready_in>", then what they are: per topic, how many active and
+    standby copies this node keeps (a global table's partitions are on every node, and said so)."""
+    partitions = list(partitions)
+    globals_ = set(global_topics)
+    roles: dict[str, Counter[str]] = {}
+    for p in partitions:
+        roles.setdefault(p.topic, Counter())[p.role] += 1
+    kept = []
+    for topic, counts in sorted(roles.items()):
+        if topic in globals_:
+            kept.append(f"{topic} {sum(counts.values())} (a global table: whole on every node)")
+        else:
+            kept.append(f"{topic} " + ", ".join(f"{n} {role}" for role, n in sorted(counts.items())))
+    return f"all {len(partitions)} partitions are queryable: {ready_in}; hosted here: {'; '.join(kept)}"
