@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SLOW_START_S = 10.0  # a node ready later than this says where the time went
 PROMOTE_AFTER_S = 5.0  # a partition's active down this long: its first live standby runs the pipeline
+YIELD_AFTER_FENCED_S = 60.0  # a promoted standby fenced by another copy runs the pipeline again only after this
 Progress = Callable[[str], None]
 
 
@@ -428,9 +429,16 @@ class Node:
         since = self._down_since.get(owners.active)
         if owners.active in cmap.down and since is not None and time.monotonic() - since >= PROMOTE_AFTER_S:
             live = [node for node in owners.standbys if node not in cmap.down]
-            if live and live[0] == self.settings.node_id:
+            if live and live[0] == self.settings.node_id and not self._fenced_lately(topic, partition):
                 return "active"
         return "standby"
+
+    def _fenced_lately(self, topic: str, partition: int) -> bool:
+        """Return whether another copy took partition's changelog over from this node less than YIELD_AFTER_FENCED_S
+        ago: a promoted standby fenced by the active that came back yields to it at once, even before this node's
+        health checks see it up (taking it back would fence the active's first batch in turn, and so on)."""
+        fenced = None if self.runner is None else self.runner.hosted.fenced_since(topic, partition)
+        return fenced is not None and time.monotonic() - fenced < YIELD_AFTER_FENCED_S
 
     def _track_down(self, cmap: ClusterMap) -> None:
         """Note since when each peer is down; look at the pipelines again once one has been down PROMOTE_AFTER_S."""

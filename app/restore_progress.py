@@ -57,7 +57,7 @@ class RestoreProgress:
 def _waiting_on(pipeline: PipelineInfo | None) -> str:
     """Return why nothing is being applied: what the pipeline is doing."""
     if pipeline is None or pipeline.state == "STARTING":
-        return "Spark is still starting (the restored stores serve meanwhile)"
+        return "Spark and the streaming queries are still starting (the restored stores serve meanwhile)"
     if pipeline.state == "DEAD" or pipeline.deaths_in_a_row:
         return f"the streaming query died {pipeline.deaths_in_a_row}× in a row: {pipeline.last_error}"
     return "the streaming queries run; waiting for their first batch"

@@ -162,11 +162,13 @@ class ChangelogWriter:
         self.config = dict(config)
         self.topic = changelog_topic(app, topic)
         self._producers: dict[int, Producer] = {}
+        self.fenced: dict[int, float] = {}  # partition -> when (time.monotonic()) another copy fenced this writer
         self.sent_bytes = 0
         self.sent_records = 0
 
     def fence(self, partition: int) -> None:
         """Take partition's changelog over: fence any earlier writer and abort its open transaction."""
+        self.fenced.pop(partition, None)
         old = self._producers.pop(partition, None)
         if old is not None:
             old.flush(1.0)
@@ -268,6 +270,7 @@ class ChangelogWriter:
         fatal = isinstance(error, KafkaError) and error.fatal()
         if fatal:
             self._producers.pop(partition, None)
+            self.fenced[partition] = time.monotonic()
             raise ChangelogFencedError(
                 f"changelog {self.topic}[{partition}]: another copy writes it now ({error.str()}); this batch is "  # type: ignore[union-attr]
                 "not applied here"

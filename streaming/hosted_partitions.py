@@ -182,6 +182,13 @@ class HostedPartitions:
             return None
         return self.role(topic, partition) == "active"
 
+    def fenced_since(self, topic: str, partition: int) -> float | None:
+        """Return when (time.monotonic()) another copy took partition's changelog over from this node's writer, if
+        it did since this node last took it (None: never, or the topic keeps no changelog)."""
+        if self.changelogs is None or not self.logged(topic):
+            return None
+        return self.changelogs.writer(topic).fenced.get(partition)
+
     def _follow(self, topic: str, followed: list[int]) -> None:
         """Open the standby copies of topic's partitions followed, each kept by the changelog follower."""
         if not followed:

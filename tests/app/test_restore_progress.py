@@ -17,8 +17,8 @@ def test_while_spark_starts_the_wait_is_said_once_then_again_after_a_while_with_
     said = RestoreProgress()
     first = said.line(parts([0, 0]), STARTING, 0.0)
     assert first == (
-        "restoring 2 of 2 partitions: 2,000 records to apply; Spark is still starting (the restored stores serve "
-        "meanwhile)"
+        "restoring 2 of 2 partitions: 2,000 records to apply; Spark and the streaming queries are still starting (the "
+        "restored stores serve meanwhile)"
     )
     # the ingest goes on (more to apply), nothing is applied: nothing new to say, however many times it is asked
     assert [said.line(parts([0, 0], end=1_000 + t), STARTING, t) for t in (2.0, 4.0, 6.0, 8.0)] == [None] * 4
