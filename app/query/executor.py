@@ -65,7 +65,7 @@ class RetryPolicy:
 
 
 class Replicas(Protocol):
-    """The cluster as the executor sees it (``ClusterReplicas``; a lone node's live watches have their own)."""
+    """The cluster as the executor sees it (``ClusterReplicas``; a single node is a one-member cluster)."""
 
     node_id: str
 
