@@ -35,6 +35,7 @@ from iqgraph.app.live.watch import Live
 from iqgraph.app.metrics import NodeMetrics
 from iqgraph.app.owner.calls import call_many
 from iqgraph.app.owner.runner import OwnerFieldRunner
+from iqgraph.app.pipeline_placement import PipelinePlacement
 from iqgraph.app.query.partitions import LocalPartitions
 from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
 from iqgraph.app.restore_progress import RestoreProgress, done_line
@@ -57,8 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SLOW_START_S = 10.0  # a node ready later than this says where the time went
-PROMOTE_AFTER_S = 5.0  # a partition's active down this long: its first live standby runs the pipeline
-YIELD_AFTER_FENCED_S = 60.0  # a promoted standby fenced by another copy runs the pipeline again only after this
 Progress = Callable[[str], None]
 
 
@@ -106,7 +105,12 @@ class Node:
         self.live: Live | None = None
         self._hosted: dict[str, list[int]] = {}
         self._running: dict[str, list[int]] = {}  # the hosted partitions whose pipeline runs here
-        self._down_since: dict[str, float] = {}  # peer -> time.monotonic() it was first seen down
+        self.placement = PipelinePlacement(
+            settings.node_id,
+            lambda: None if self.membership is None else self.membership.current(),
+            self._fenced_since,
+            self._look_again,
+        )
         self.metrics = NodeMetrics(self._members, self._node_info, lambda: self.state.value, self._live_stats)
 
     def _members(self) -> Mapping[str, Member]:
@@ -254,7 +258,7 @@ class Node:
             raise NodeStartError(f"cannot join the cluster: {exc}") from None
         assignment = self.assignment or self._hosted_in(self.membership.current())
         self._hosted = {t: sorted(ps) for t, ps in assignment.items()}
-        self._running = self._pipelines(self._hosted)
+        self._running = self.placement.pipelines(self._hosted)
         try:
             for topic, partitions in assignment.items():
                 for partition in partitions:
@@ -282,7 +286,7 @@ class Node:
                 self._runner_settings(),
                 observer=self.metrics.batch_applied,
                 change_feed=self.change_feed,
-                role=self._pipeline_role,
+                role=self.placement.role,
             )
             self.runner.start(assignment)
         except (StoreError, ValueError) as exc:  # DefinitionError is a ValueError
@@ -414,51 +418,12 @@ class Node:
         owners = self.membership.current().owners_of(topic, partition) if self.membership else None
         return "standby" if owners is not None and owners.active != self.settings.node_id else "active"
 
-    def _pipeline_role(self, topic: str, partition: int) -> str:
-        """Return "active" when this node runs the pipeline of a hosted partition and writes its changelog, else
-        "standby" (it follows the changelog). The map's active copy runs it; while the active has been down for
-        PROMOTE_AFTER_S, its first live standby does, from the offsets its changelog position carries. Not at once:
-        a peer is marked down on one failed request, and two writers taking the changelog over fence each other.
-        """
-        if self.membership is None:
-            return "active"
-        cmap = self.membership.current()
-        owners = cmap.owners_of(topic, partition)
-        if owners.active is None or owners.active == self.settings.node_id:
-            return "active"
-        since = self._down_since.get(owners.active)
-        if owners.active in cmap.down and since is not None and time.monotonic() - since >= PROMOTE_AFTER_S:
-            live = [node for node in owners.standbys if node not in cmap.down]
-            if live and live[0] == self.settings.node_id and not self._fenced_lately(topic, partition):
-                return "active"
-        return "standby"
-
-    def _fenced_lately(self, topic: str, partition: int) -> bool:
-        """Return whether another copy took partition's changelog over from this node less than YIELD_AFTER_FENCED_S
-        ago: a promoted standby fenced by the active that came back yields to it at once, even before this node's
-        health checks see it up (taking it back would fence the active's first batch in turn, and so on)."""
-        fenced = None if self.runner is None else self.runner.hosted.fenced_since(topic, partition)
-        return fenced is not None and time.monotonic() - fenced < YIELD_AFTER_FENCED_S
-
-    def _track_down(self, cmap: ClusterMap) -> None:
-        """Note since when each peer is down; look at the pipelines again once one has been down PROMOTE_AFTER_S."""
-        now = time.monotonic()
-        for node in cmap.down:
-            if node not in self._down_since:
-                self._down_since[node] = now
-                timer = threading.Timer(PROMOTE_AFTER_S + 0.1, self._look_again)
-                timer.daemon = True
-                timer.start()
-        for node in [n for n in self._down_since if n not in cmap.down]:
-            del self._down_since[node]
-
     def _look_again(self) -> None:
         if self.membership is not None:
             self._on_new_map(self.membership.current())
 
-    def _pipelines(self, hosted: Mapping[str, list[int]]) -> dict[str, list[int]]:
-        """Return the hosted partitions this node runs the pipeline of."""
-        return {t: [p for p in ps if self._pipeline_role(t, p) == "active"] for t, ps in hosted.items()}
+    def _fenced_since(self, topic: str, partition: int) -> float | None:
+        return None if self.runner is None else self.runner.hosted.fenced_since(topic, partition)
 
     def _hosted_in(self, cmap: ClusterMap) -> dict[str, list[int]]:
         """Return the partitions this node hosts in cmap, with the co-partitioned tables its joins read."""
@@ -466,9 +431,9 @@ class Node:
 
     def _on_new_map(self, cmap: ClusterMap) -> None:
         """Restart the streaming queries when the partitions hosted here, or those whose pipeline runs here, change."""
-        self._track_down(cmap)
+        self.placement.track_down(cmap)
         hosted = {t: sorted(ps) for t, ps in self._hosted_in(cmap).items()}
-        pipelines = self._pipelines(hosted)
+        pipelines = self.placement.pipelines(hosted)
         unchanged = hosted == self._hosted and pipelines == self._running
         if unchanged or self.runner is None or self.state is not NodeState.RUNNING:
             return

@@ -3,7 +3,8 @@ cycle (imports inside functions count), and no module imports another module's p
 
     packages:  app ─▶ {schema, streaming} ─▶ stores         (docs/architecture.md, "Layout"; schema and streaming
                                                            never import each other)
-    app/:      cli ─▶ dev ─▶ http ─▶ node ─▶ {metrics, supervisor, restore_progress} ─▶ {live, owner} ─▶ query ─▶ cluster
+    app/:      cli ─▶ dev ─▶ http ─▶ node ─▶ {metrics, supervisor, restore_progress, pipeline_placement}
+               ─▶ {live, owner} ─▶ query ─▶ cluster
                ─▶ security ─▶ {settings, catalog, loading}
 
 Imports under ``if TYPE_CHECKING:`` are checked for direction too: a type from an upper layer is still an
@@ -34,6 +35,7 @@ APP_RANKS = {
     "metrics": 5,
     "supervisor": 5,
     "restore_progress": 5,
+    "pipeline_placement": 5,
     "node": 6,
     "http": 7,
     "dev": 8,

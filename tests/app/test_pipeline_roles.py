@@ -4,36 +4,36 @@ the active came back and fenced that standby's changelog writer, which then yiel
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 from iqgraph.app.cluster.membership import ClusterMap, Member, PartitionOwners
-from iqgraph.app.node import PROMOTE_AFTER_S, YIELD_AFTER_FENCED_S, Node
-from iqgraph.app.settings import Settings
-from tests.support.apps import shop_app
-
-
-class Fenced:
-    """A runner whose hosted partitions say when another copy fenced their changelog writer."""
-
-    def __init__(self) -> None:
-        self.at: dict[tuple[str, int], float] = {}
-        self.hosted = SimpleNamespace(fenced_since=lambda topic, partition: self.at.get((topic, partition)))
+from iqgraph.app.pipeline_placement import PROMOTE_AFTER_S, YIELD_AFTER_FENCED_S, PipelinePlacement
 
 
 def test_a_promoted_standby_fenced_by_the_returning_active_yields_before_its_health_checks_see_it() -> None:
-    node = Node(Settings(app="x:app", node_id="node-0"), shop_app())
     members = {n: Member(n, f"http://{n}") for n in ("node-0", "node-1", "node-2")}
     cmap = ClusterMap(1, members, {("orders", 2): PartitionOwners("node-2", ("node-0",))}, frozenset({"node-2"}))
-    node.membership = SimpleNamespace(current=lambda: cmap)  # type: ignore[assignment]
-    runner = Fenced()
-    node.runner = runner  # type: ignore[assignment]
+    fenced: dict[tuple[str, int], float] = {}
+    looked: list[bool] = []
+    placement = PipelinePlacement("node-0", lambda: cmap, lambda t, p: fenced.get((t, p)), lambda: looked.append(True))
 
-    node._down_since["node-2"] = time.monotonic()
-    assert node._pipeline_role("orders", 2) == "standby"  # not at once: one failed request marks a peer down
-    node._down_since["node-2"] = time.monotonic() - PROMOTE_AFTER_S - 1
-    assert node._pipeline_role("orders", 2) == "active"  # down long enough: the first live standby runs it
+    placement.track_down(cmap)
+    assert placement.role("orders", 2) == "standby"  # not at once: one failed request marks a peer down
+    placement.down_since["node-2"] = time.monotonic() - PROMOTE_AFTER_S - 1
+    assert placement.role("orders", 2) == "active"  # down long enough: the first live standby runs it
+    assert placement.pipelines({"orders": [2]}) == {"orders": [2]}
 
-    runner.at[("orders", 2)] = time.monotonic()  # node-2 came back and took the changelog over
-    assert node._pipeline_role("orders", 2) == "standby"  # though node-2 still looks down from here
-    runner.at[("orders", 2)] = time.monotonic() - YIELD_AFTER_FENCED_S - 1
-    assert node._pipeline_role("orders", 2) == "active"  # long ago, and the active still down: promoted again
+    fenced[("orders", 2)] = time.monotonic()  # node-2 came back and took the changelog over
+    assert placement.role("orders", 2) == "standby"  # though node-2 still looks down from here
+    fenced[("orders", 2)] = time.monotonic() - YIELD_AFTER_FENCED_S - 1
+    assert placement.role("orders", 2) == "active"  # long ago, and the active still down: promoted again
+
+
+def test_the_active_runs_its_pipeline_and_a_node_without_membership_runs_all() -> None:
+    members = {n: Member(n, f"http://{n}") for n in ("node-0", "node-2")}
+    cmap = ClusterMap(1, members, {("orders", 2): PartitionOwners("node-2", ("node-0",))})
+    fenced = {("orders", 2): time.monotonic()}
+    assert (
+        PipelinePlacement("node-2", lambda: cmap, lambda t, p: fenced.get((t, p)), lambda: None).role("orders", 2)
+        == "active"
+    )  # the map's active runs it, fenced or not: it takes the changelog back
+    assert PipelinePlacement("node-0", lambda: None, lambda t, p: None, lambda: None).role("orders", 2) == "active"
