@@ -34,6 +34,12 @@ Metrics (all prefixed ``iqgraph_``)::
     pipeline_up                                      gauge      1 while the streaming queries run (0: DEAD)
     pipeline_restarts_total                          counter    restarts of dead streaming queries by the supervisor
     pipeline_deaths_in_a_row                         gauge      deaths since the queries last ran for a while
+    kafka_reachable                                  gauge      1 while Kafka answers the node's probe (every second)
+    kafka_unreachable_since_seconds                  gauge      unix time since when Kafka has not answered (only
+                                                                while it does not: `time() - …` is the outage)
+
+While Kafka does not answer, the partition gauges keep the end offsets last read (``app.cluster.topic_watch``): the
+lag stays the lag as of Kafka's last answer, and ``kafka_unreachable_since_seconds`` says since when.
 
 The ``peer`` label is a node id of the cluster map, or ``unknown``. Peers do not authenticate yet, so the
 forwarded header a request carries is a claim anyone can make: it names the label only when it is a
@@ -57,6 +63,7 @@ from iqgraph.schema.metrics import GraphQLMetrics, metric_code
 from iqgraph.stores import PartitionState
 from iqgraph.streaming.changelog import RESTORES, RestoreProgress
 from iqgraph.streaming.kafka_offsets import KafkaSourceError
+from iqgraph.streaming.kafka_watch import KafkaStatus
 
 if TYPE_CHECKING:
     from iqgraph.app.cluster.membership import Member
@@ -73,6 +80,7 @@ BATCH_RECORDS_BUCKETS = (1, 10, 100, 1_000, 10_000, 50_000, 100_000, 200_000, 50
 
 Members = Callable[[], Mapping[str, "Member"]]
 NodeView = Callable[[], "NodeInfo | None"]
+KafkaView = Callable[[], KafkaStatus | None]
 
 
 class NodeMetrics:
@@ -136,6 +144,8 @@ class NodeMetrics:
         )
         registry.register(NodeStateCollector(node, state))
         registry.register(LiveCollector(live))
+        self.kafka = KafkaCollector()
+        registry.register(self.kafka)
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
@@ -170,6 +180,32 @@ class NodeMetrics:
         self.batch_records.labels(report.topic).observe(report.records)
         for store, count in report.bad.items():
             self.bad_records.labels(store).inc(count)
+
+
+class KafkaCollector:
+    """Collect, at scrape time, whether Kafka answers the node and since when it does not (nothing until ``watch``
+    is given what to read: the node's ``streaming.kafka_watch.KafkaWatch.status``)."""
+
+    def __init__(self, status: KafkaView = lambda: None) -> None:
+        self._status = status
+
+    def watch(self, status: KafkaView) -> None:
+        """Read Kafka's reach from status at every scrape."""
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._status()
+        if status is None:
+            return
+        yield GaugeMetricFamily(
+            "iqgraph_kafka_reachable", "1 while Kafka answers the node's probe", value=int(status.reachable)
+        )
+        if status.unreachable_since is not None:
+            yield GaugeMetricFamily(
+                "iqgraph_kafka_unreachable_since_seconds",
+                "Unix time since when Kafka has not answered the node (present only while it does not)",
+                value=status.unreachable_since,
+            )
 
 
 class LiveCollector:

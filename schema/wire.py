@@ -32,7 +32,10 @@ a failure is one ``error`` event, then the end of the stream:
     error event    data: {"error": {"message": …, "extensions": {"code": …}}}
 
 A node's health for its peers' poller is ``READY_PATH`` (``encode_ready``; its partitions in the names
-``decode_partition`` reads, the same as the node metadata's).
+``decode_partition`` reads, the same as the node metadata's), with what the node knows of Kafka:
+
+    kafka          {"reachable": bool, "unreachableSince": "2026-11-29T08:40:12+00:00" | null,
+                    "unreachableSinceSeconds": unix time | null}  (null before the node watches Kafka)
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from datetime import UTC, datetime
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -464,14 +468,37 @@ def encode_failure(error: Exception) -> bytes:
 # -- a node's health ----------------------------------------------------------------------------------------
 
 
-def encode_ready(ready: bool, state: str, node_id: str, info: NodeInfo | None) -> dict[str, Any]:
-    """Return the body of READY_PATH: readiness, the node's state, its pipeline and its partitions."""
+class KafkaReach(Protocol):
+    """What a node knows of Kafka (``streaming.kafka_watch.KafkaStatus``)."""
+
+    @property
+    def reachable(self) -> bool: ...
+
+    @property
+    def unreachable_since(self) -> float | None: ...
+
+
+def encode_ready(
+    ready: bool, state: str, node_id: str, info: NodeInfo | None, kafka: KafkaReach | None = None
+) -> dict[str, Any]:
+    """Return the body of READY_PATH: readiness, the node's state, its pipeline, its partitions and Kafka's reach."""
     return {
         "ready": ready,
         "state": state,
         "node": node_id,
         "pipeline": None if info is None or info.pipeline is None else encode_pipeline(info.pipeline),
         "partitions": [] if info is None else [encode_partition(p) for p in info.partitions],
+        "kafka": None if kafka is None else encode_kafka(kafka),
+    }
+
+
+def encode_kafka(kafka: KafkaReach) -> dict[str, Any]:
+    """Return whether Kafka answers and since when it does not, as READY_PATH shows it (ISO 8601 UTC, unix)."""
+    since = kafka.unreachable_since
+    return {
+        "reachable": kafka.reachable,
+        "unreachableSince": None if since is None else datetime.fromtimestamp(since, UTC).isoformat(timespec="seconds"),
+        "unreachableSinceSeconds": since,
     }
 
 

@@ -6,6 +6,9 @@ node idle up to a minute after Kafka is back. ``KafkaWatch`` asks Kafka for its 
 one admin client kept open, so librdkafka's reconnects carry over) and logs the two transitions once each: "Kafka at
 … unreachable since HH:MM:SS, waiting" and "Kafka back after N s". Meanwhile every librdkafka client of the node
 would log each failed reconnect (hundreds of lines a minute): ``ConnectionNoise`` drops those lines.
+
+``status()`` is what /readyz and /metrics show of it (``KafkaStatus``: reachable, and since when not), read
+without asking Kafka: a probe may take its whole timeout, a scrape or a readiness probe must not wait for it.
 """
 
 from __future__ import annotations
@@ -14,11 +17,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KafkaStatus:
+    """What the node's last probe learned of Kafka: whether it answered, and since when it has not (unix time:
+    the probe that first failed)."""
+
+    reachable: bool
+    unreachable_since: float | None = None
 
 
 class KafkaWatch:
@@ -45,6 +58,7 @@ class KafkaWatch:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.unreachable_since: float | None = None
+        self._status = KafkaStatus(True)  # one object, replaced whole: read without the probe's lock
 
     def start(self) -> None:
         """Probe every every_s in a thread, so that an outage is logged even when no query dies of it."""
@@ -54,6 +68,10 @@ class KafkaWatch:
     def stop(self) -> None:
         """Stop probing."""
         self._stopped.set()
+
+    def status(self) -> KafkaStatus:
+        """Return what the last probe learned (reachable until one failed), without asking Kafka."""
+        return self._status
 
     def _run(self) -> None:
         while not self._stopped.wait(self.every_s):
@@ -84,6 +102,7 @@ class KafkaWatch:
             since = time.strftime("%H:%M:%S", time.localtime(now))
             log.warning("Kafka at %s unreachable since %s, waiting", self.bootstrap, since)
         self._up = up
+        self._status = KafkaStatus(up, self.unreachable_since)
 
     def _list_topics(self, timeout_s: float) -> None:
         if self._admin is None:

@@ -49,6 +49,7 @@ from iqgraph.streaming.kafka_watch import ConnectionNoise
 
 if TYPE_CHECKING:
     from iqgraph.streaming.definitions import App
+    from iqgraph.streaming.kafka_watch import KafkaStatus
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,13 @@ def client_asgi(
                 body["peerUrl"] = node.settings.peer_url
         return JSONResponse(body)
 
+    kafka = functools.partial(kafka_status, node)
+    node.metrics.kafka.watch(kafka)  # iqgraph_kafka_* at /metrics
+
     async def readyz(_: Request) -> Response:
         info = None if node.local is None else node.local.node()
         ready = node.ready(info)
-        body = wire.encode_ready(ready, node.state.value, node.settings.node_id, info)
+        body = wire.encode_ready(ready, node.state.value, node.settings.node_id, info, kafka())
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics(_: Request) -> Response:
@@ -126,6 +130,11 @@ def client_asgi(
         authenticator = Authenticator.from_settings(node.settings)
     clients = AuthGate(Starlette(routes=routes), authenticator, websocket_init_auth=True)  # or by connection_init
     return RequestGuard(clients, node.settings, {}, node.metrics.request_cut)
+
+
+def kafka_status(node: Node) -> KafkaStatus | None:
+    """Return what the node's KafkaWatch learned of Kafka (None before the node watches it)."""
+    return None if node.kafka_watch is None else node.kafka_watch.status()
 
 
 async def _not_for_clients(_: Request) -> Response:
