@@ -38,7 +38,7 @@ from iqgraph.app.owner.runner import OwnerFieldRunner
 from iqgraph.app.pipeline_placement import PipelinePlacement
 from iqgraph.app.query.partitions import LocalPartitions
 from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
-from iqgraph.app.restore_progress import RestoreProgress, done_line
+from iqgraph.app.restore_progress import RestoreProgress, done_line, ready_in
 from iqgraph.app.security.tls import peer_verify
 from iqgraph.app.settings import Settings
 from iqgraph.app.supervisor import QuerySupervisor
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-SLOW_START_S = 10.0  # a node ready later than this says where the time went
 Progress = Callable[[str], None]
 
 
@@ -470,26 +469,8 @@ class Node:
         return thread
 
     def ready_in(self) -> str:
-        """Return how long the node took to be ready, and where the time went when it was slow (> 10 s).
-
-        Spark starts while the node checks Kafka and joins the cluster; then the streaming queries start (the
-        stores' value types, opening the partitions, the first query plans); then the partitions apply what
-        Kafka holds (restoring).
-        """
-        total = time.monotonic() - self.timings["started"]
-        said = f"ready {total:.1f} s after start"
-        if total <= SLOW_START_S:
-            return said
-        joined, spark = self.timings.get("joined", 0.0), self.timings.get("spark", 0.0)
-        queries = self.timings.get("queries", 0.0)
-        steps = {
-            "starting Spark (while joining)": max(spark, joined),
-            "starting the streaming queries": queries,
-            "applying the records Kafka holds (restoring)": max(total - max(spark, joined) - queries, 0.0),
-        }
-        shown = ", ".join(f"{what} {seconds:.1f} s" for what, seconds in steps.items())
-        slowest = max(steps, key=lambda what: steps[what])
-        return f"{said} (slow: {shown}; most went to {slowest}; Kafka checked and cluster joined in {joined:.1f} s)"
+        """Return how long the node took to be ready, and where the time went when it was slow (``ready_in``)."""
+        return ready_in(self.timings, time.monotonic())
 
     def _spark(self) -> SparkSession:
         from iqgraph.streaming.session import build_spark_session, ship_module

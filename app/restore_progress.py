@@ -12,13 +12,14 @@ Once every partition is queryable, `done_line` says so with the count per topic 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from iqgraph.schema.types import PartitionInfo, PipelineInfo
 from iqgraph.stores import PartitionState
 
 QUIET_S = 10.0  # a wait with nothing moving is said again after this long
+SLOW_START_S = 10.0  # a node ready later than this says where the time went
 
 
 @dataclass
@@ -78,3 +79,30 @@ def done_line(partitions: Iterable[PartitionInfo], ready_in: str, global_topics:
         else:
             kept.append(f"{topic} " + ", ".join(f"{n} {role}" for role, n in sorted(counts.items())))
     return f"all {len(partitions)} partitions are queryable: {ready_in}; hosted here: {'; '.join(kept)}"
+
+
+def ready_in(timings: Mapping[str, float], now: float) -> str:
+    """Return how long the node took to be ready, and where the time went when it was slow (> SLOW_START_S).
+
+    timings: the node's start-up steps (``Node.timings``): "started" (time.monotonic()), then seconds: "joined"
+    (Kafka checked, cluster joined), "serving" (partitions restored, reads served), "spark" (its start, from the
+    node's start on), "queries" (the streaming queries' start). Spark starts while the node checks Kafka, joins and
+    restores; then the streaming queries start; then the partitions apply what Kafka holds (restoring).
+    """
+    total = now - timings["started"]
+    said = f"ready {total:.1f} s after start"
+    if total <= SLOW_START_S:
+        return said
+    joined, spark = timings.get("joined", 0.0), timings.get("spark", 0.0)
+    queries = timings.get("queries", 0.0)
+    steps = {
+        "starting Spark (while joining)": max(spark, joined),
+        "starting the streaming queries": queries,
+        "applying the records Kafka holds (restoring)": max(total - max(spark, joined) - queries, 0.0),
+    }
+    shown = ", ".join(f"{what} {seconds:.1f} s" for what, seconds in steps.items())
+    slowest = max(steps, key=lambda what: steps[what])
+    serving = f"; serving reads after {timings['serving']:.1f} s" if "serving" in timings else ""
+    return (
+        f"{said} (slow: {shown}; most went to {slowest}; Kafka checked and cluster joined in {joined:.1f} s{serving})"
+    )

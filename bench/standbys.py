@@ -51,7 +51,8 @@ from bench.cluster import GET_MANY, Client, produce_orders, stop_nodes  # noqa: 
 from bench.ingest import _proc_stat, latency_events, percentile, visible_after_produce  # noqa: E402
 from iqgraph.stores import PartitionStores, StateDirectory  # noqa: E402
 from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
-from iqgraph.streaming.changelog import ChangelogFollower, Changelogs  # noqa: E402
+from iqgraph.streaming.changelog import Changelogs  # noqa: E402
+from iqgraph.streaming.changelog_follower import ChangelogFollower  # noqa: E402
 from tests.support.nodes import NodeProcess, start_nodes, wait_ready, write_app_module  # noqa: E402
 
 PARTITIONS = 6

@@ -1,4 +1,4 @@
-"""Changelog topics: each batch's state changes in a compacted Kafka topic, restore from it, standbys that follow it.
+"""Changelog topics: each batch's state changes in a compacted Kafka topic, and restore from it.
 
 One changelog topic per input topic of the app, ``<app>-<topic>-changelog``, partitioned like the input topic: its
 partition p holds what the stores of input partition p changed (``stores.changelog``: every store of the partition
@@ -16,14 +16,12 @@ never deletes a state.
   aborts its open transaction.
 - ``restore``: a copy reads its changelog partition from where it is (0 when it holds nothing) up to the last
   stable offset, in bulk WriteBatches (no Spark), before its pipeline starts at the restored next offset.
-- ``ChangelogFollower``: standbys apply the changelog instead of running the pipeline: one consumer (read_committed)
-  over every followed partition, a batch applied whole when its last record arrives.
+- ``streaming.changelog_follower.ChangelogFollower``: standbys apply the changelog instead of running the pipeline.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +47,19 @@ from iqgraph.streaming.definitions import App
 from iqgraph.streaming.kafka_offsets import KafkaOffsets
 
 log = logging.getLogger(__name__)
+
+
+class TransientRetries(logging.Filter):
+    """Drops librdkafka's "Failed to acquire … PID …: retrying" lines: a transaction coordinator still loading or
+    just moved, which the producer retries by itself (a retry that never succeeds ends ``init_transactions`` with a
+    one-line ChangelogError instead). Seen as WARNINGs on a fresh broker while its __transaction_state loads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("Failed to acquire" in message and message.endswith(": retrying"))
+
+
+log.addFilter(TransientRetries())
 
 #: The changelog topics' configuration (Kafka Streams' changelogs: compacted; no time retention).
 CHANGELOG_CONFIG = {
@@ -124,7 +135,7 @@ class ChangelogFencedError(ChangelogError):
     """Another copy took this partition's changelog over: this one must stop writing it."""
 
 
-def _offset(message: Message) -> int:
+def message_offset(message: Message) -> int:
     """Return the offset of a consumed message or partition-end event (librdkafka gives every one an offset)."""
     offset = message.offset()
     if offset is None:
@@ -132,7 +143,7 @@ def _offset(message: Message) -> int:
     return offset
 
 
-def _key(message: Message) -> bytes:
+def message_key(message: Message) -> bytes:
     """Return a changelog record's key (every record iqgraph writes has one)."""
     key = message.key()
     if key is None:
@@ -140,7 +151,7 @@ def _key(message: Message) -> bytes:
     return key
 
 
-def _consumer(config: Mapping[str, str]) -> Consumer:
+def changelog_consumer(config: Mapping[str, str]) -> Consumer:
     return Consumer(
         {
             **config,
@@ -371,7 +382,7 @@ class Changelogs:
         if start >= target:
             return progress
         log.info("%s-%s: restoring from changelog offsets %d..%d", topic, db.partition, start, target - 1)
-        consumer = _consumer(self.config)
+        consumer = changelog_consumer(self.config)
         try:
             consumer.assign([TopicPartition(self.topic(topic), db.partition, start)])
             _read_to(consumer, stores, progress, stop)
@@ -407,13 +418,13 @@ def _read_to(consumer: Consumer, stores: PartitionStores, progress: RestoreProgr
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     at_end = True
-                    progress.position = max(progress.position, _offset(message))
+                    progress.position = max(progress.position, message_offset(message))
                     continue
                 raise KafkaException(error)
-            key, value = _key(message), message.value()
+            key, value = message_key(message), message.value()
             pending.append((key, value))
             progress.bytes += len(key) + len(value or b"")
-            progress.position = _offset(message) + 1
+            progress.position = message_offset(message) + 1
         whole = not running or (bool(pending) and is_batch_end(pending[-1][0]))  # a served copy sees whole batches
         if (len(pending) >= RESTORE_CHUNK and whole) or (pending and (at_end or progress.position >= progress.target)):
             progress.records += apply_records(stores.db, pending, progress.position)
@@ -425,146 +436,3 @@ def _read_to(consumer: Consumer, stores: PartitionStores, progress: RestoreProgr
             last_logged = time.monotonic()
     if pending:
         progress.records += apply_records(stores.db, pending, progress.position)
-
-
-class ChangelogFollower:
-    """Standby copies kept by applying their changelogs: one consumer thread over every followed partition.
-
-    A copy restores in bulk while RESTORING (chunks, not served) up to the changelog's stable end seen when it was
-    added, and turns RUNNING once it is there AND has applied the input topic up to its end as it was then (what a
-    copy running the pipeline waits for too: a changelog still empty at a cluster's start is no state to serve); from
-    then on it applies each batch whole, when the batch's last record arrives.
-    """
-
-    def __init__(self, changelogs: Changelogs) -> None:
-        self.changelogs = changelogs
-        self._lock = threading.Lock()
-        self._followed: dict[tuple[str, int], tuple[str, PartitionStores]] = {}  # changelog tp -> (topic, stores)
-        self._targets: dict[tuple[str, int], int] = {}
-        self._source_targets: dict[tuple[str, int], int] = {}  # the input topic's end offset when followed
-        self._pending: dict[tuple[str, int], list[Record]] = {}
-        self._assigned: set[tuple[str, int]] = set()
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def follow(self, topic: str, stores: PartitionStores, source_end: int = 0) -> None:
-        """Start following stores' changelog partition (a new copy is RESTORING until it caught up with the
-        changelog and with source_end, the input partition's end offset now)."""
-        tp = (self.changelogs.topic(topic), stores.db.partition)
-        target = self.changelogs.end_offsets(topic, [stores.db.partition])[stores.db.partition]
-        if stores.db.state is not PartitionState.RUNNING:  # a copy RUNNING already (an active demoted) stays so:
-            stores.db.set_state(PartitionState.RESTORING)  # its data is whole batches; its lag says how stale
-        with self._lock:
-            self._followed[tp] = (topic, stores)
-            self._targets[tp] = target
-            self._source_targets[tp] = source_end
-            self._pending[tp] = []
-            self._caught_up(tp, stores, changelog_next(stores.db))
-        RESTORES[tp] = RestoreProgress(topic, stores.db.partition, changelog_next(stores.db), target)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="changelog-follower", daemon=True)
-            self._thread.start()
-
-    def release(self, topic: str, partition: int) -> None:
-        """Stop following topic's partition: nothing is applied to it after this returns."""
-        with self._lock:
-            tp = (self.changelogs.topic(topic), partition)
-            self._followed.pop(tp, None)
-            self._pending.pop(tp, None)
-
-    def followed(self) -> list[tuple[str, int]]:
-        """Return the (input topic, partition) pairs followed now."""
-        with self._lock:
-            return sorted((topic, tp[1]) for tp, (topic, _) in self._followed.items())
-
-    def stop(self) -> None:
-        """Stop the thread (the copies stay open)."""
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
-
-    def _run(self) -> None:
-        consumer = _consumer(self.changelogs.config)
-        try:
-            while not self._stopped.is_set():
-                try:
-                    self._reconcile(consumer)
-                    if not self._assigned:
-                        time.sleep(0.1)
-                        continue
-                    for message in consumer.consume(5_000, timeout=0.2):
-                        self._take(message)
-                    self._flush_restoring()
-                except KafkaException as exc:  # Kafka away, a partition moving: try again
-                    log.warning("changelog follower: %s; retrying in 1 s", exc)
-                    time.sleep(1.0)
-        finally:
-            consumer.close()
-
-    def _reconcile(self, consumer: Consumer) -> None:
-        """Assign the changelog partitions followed now, each from where its copy is."""
-        with self._lock:
-            wanted = {tp: stores for tp, (_, stores) in self._followed.items()}
-        gone = self._assigned - set(wanted)
-        if gone:
-            consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
-            self._assigned -= gone
-        new = [tp for tp in wanted if tp not in self._assigned]
-        if new:
-            consumer.incremental_assign([TopicPartition(t, p, changelog_next(wanted[(t, p)].db)) for t, p in new])
-            self._assigned |= set(new)
-
-    def _take(self, message: Message) -> None:
-        error = message.error()
-        tp = (message.topic() or "", message.partition() or 0)
-        with self._lock:
-            followed = self._followed.get(tp)
-            if followed is None:
-                return
-            stores = followed[1]
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    progress = RESTORES.get(tp)
-                    end = _offset(message)
-                    if progress is not None:  # the changelog's end as last seen: a standby's lag in its terms
-                        progress.target = max(progress.target, end)
-                        progress.position = max(progress.position, end)
-                    self._caught_up(tp, stores, end)
-                    return
-                raise KafkaException(error)
-            key, value, after = _key(message), message.value(), _offset(message) + 1
-            pending = self._pending[tp]
-            pending.append((key, value))
-            progress = RESTORES.get(tp)
-            if progress is not None:
-                progress.records += 1
-                progress.bytes += len(key) + len(value or b"")
-                progress.position = after
-            if is_batch_end(key):
-                apply_records(stores.db, pending, after)
-                self._pending[tp] = []
-                self._caught_up(tp, stores, after)
-
-    def _caught_up(self, tp: tuple[str, int], stores: PartitionStores, offset: int) -> None:
-        """Turn a restoring copy RUNNING once it applied every whole batch up to its targets (the lock is held)."""
-        if stores.db.state is not PartitionState.RESTORING or offset < self._targets.get(tp, 0):
-            return
-        pending = self._pending.get(tp)
-        if pending:
-            apply_records(stores.db, pending, offset)
-            self._pending[tp] = []
-        if stores.db.next_offset() >= self._source_targets.get(tp, 0):
-            stores.db.set_state(PartitionState.RUNNING)
-            log.info("%s-%s: standby caught up with its changelog at offset %d", tp[0], tp[1], offset)
-
-    def _flush_restoring(self) -> None:
-        """Write what restoring copies hold (not served yet: a chunk need not be a whole batch)."""
-        with self._lock:
-            for tp, (_, stores) in self._followed.items():
-                pending = self._pending.get(tp)
-                if pending and stores.db.state is PartitionState.RESTORING:
-                    progress = RESTORES.get(tp)
-                    position = progress.position if progress is not None else changelog_next(stores.db)
-                    apply_records(stores.db, pending, position)
-                    self._pending[tp] = []

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
 from iqgraph.stores.changelog import BATCH_END_KEY, apply_records, changelog_next
 from iqgraph.stores.codecs import encode_int64
-from iqgraph.streaming.changelog import ChangelogFollower, Changelogs, ensure_changelog_topics
+from iqgraph.streaming.changelog import Changelogs, ensure_changelog_topics
+from iqgraph.streaming.changelog_follower import ChangelogFollower
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.kafka_offsets import KafkaOffsets
 from iqgraph.streaming.runner_settings import RunnerSettings

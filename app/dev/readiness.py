@@ -1,9 +1,10 @@
 """A dev run's node getting ready, seen from outside: its /readyz answers, told when they change, and timed.
 
-`read_readiness` asks a node's /readyz (None while it does not answer HTTP: it serves once Spark and its streaming
-queries have started). `NodeStart` follows one node from its spawn: `observe` returns a line when its partitions'
-restore moved on, `ready_line` says how long it took to be ready and, past the node's own `SLOW_START_S`, where
-the time went: starting (Python, Spark, the streaming queries) or applying the records already in Kafka.
+`read_readiness` asks a node's /readyz (None while it does not answer HTTP: it serves once its stores are
+restored, while Spark starts). `NodeStart` follows one node from its spawn: `observe` returns a line when its
+partitions' restore moved on, `ready_line` says how long it took to be ready and, past the node's own
+`SLOW_START_S`, where the time went: starting (Python, the stores restored), then starting Spark and applying the
+records already in Kafka.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from iqgraph.app.node import SLOW_START_S
+from iqgraph.app.restore_progress import SLOW_START_S
 from iqgraph.schema.wire import READY_PATH, decode_partition
 from iqgraph.stores import PartitionState
 
@@ -76,6 +77,6 @@ class NodeStart:
         starting = (self.serving or now) - self.spawned
         records = f"the {self.to_apply:,} records" if self.to_apply else "the records"
         return (
-            f"{said} (slow: {starting:.1f} s to start Python, Spark and the streaming queries, then "
-            f"{total - starting:.1f} s to apply {records} already in Kafka; {log} says more)"
+            f"{said} (slow: {starting:.1f} s to start Python and restore the stores, then "
+            f"{total - starting:.1f} s to start Spark and apply {records} already in Kafka; {log} says more)"
         )

@@ -314,7 +314,8 @@ def serve(settings: Settings, app: App) -> int:
         if settings.has_peers:  # peers' sub-requests come on a listener of their own (peer_asgi)
             listeners.append(bind_listener(settings.host, settings.peer_listen_port, "--peer-port"))
         node = Node(settings, app)
-        progress = lambda message: print(f"iqgraph: {message}", flush=True)  # noqa: E731
+        # one write per line: the restore watch and the pipelines' start say things from two threads at once
+        progress = lambda message: print(f"iqgraph: {message}\n", end="", flush=True)  # noqa: E731
         node.start(progress=progress, serve_first=True)  # the streaming queries start once Spark has (a thread)
     except BaseException:
         for listener in listeners:

@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from iqgraph.app.dev.readiness import PROGRESS_EVERY_S, NodeStart, Readiness, read_readiness
-from iqgraph.app.node import SLOW_START_S
+from iqgraph.app.restore_progress import SLOW_START_S
 from iqgraph.schema.types import NodeInfo, PartitionInfo
 from iqgraph.schema.wire import READY_PATH, encode_ready
 from iqgraph.streaming.broker import free_port
@@ -64,8 +64,8 @@ def test_a_slow_start_says_where_the_time_went() -> None:
     line = start.ready_line("node-0", 123.0, "/tmp/run/node-0.log")
 
     assert line == (
-        "node-0 is ready 23.0 s after it was started (slow: 11.0 s to start Python, Spark and the streaming "
-        "queries, then 12.0 s to apply the 3,000 records already in Kafka; /tmp/run/node-0.log says more)"
+        "node-0 is ready 23.0 s after it was started (slow: 11.0 s to start Python and restore the stores, then "
+        "12.0 s to start Spark and apply the 3,000 records already in Kafka; /tmp/run/node-0.log says more)"
     )
 
 

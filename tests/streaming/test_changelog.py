@@ -17,10 +17,10 @@ from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.changelog import (
     CHANGELOG_CONFIG,
     ChangelogFencedError,
-    ChangelogFollower,
     Changelogs,
     changelog_topic,
 )
+from iqgraph.streaming.changelog_follower import ChangelogFollower
 from tests.stores.conftest import SPECS, TOPIC
 from tests.support.changelog_batches import contents, write_batch
 

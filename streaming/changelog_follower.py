@@ -1,0 +1,171 @@
+"""Standby copies kept by following their changelogs instead of running the pipeline (``streaming.changelog``).
+
+One consumer (read_committed) over every followed partition: a copy restores in bulk while RESTORING, then applies
+each batch whole when its last record (the next source offset) arrives, with exact positions and lag.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from iqgraph.stores import PartitionState, PartitionStores
+from iqgraph.stores.changelog import Record, apply_records, changelog_next, is_batch_end
+from iqgraph.streaming.changelog import (
+    RESTORES,
+    Changelogs,
+    RestoreProgress,
+    TransientRetries,
+    changelog_consumer,
+    message_key,
+    message_offset,
+)
+
+log = logging.getLogger(__name__)
+log.addFilter(TransientRetries())
+
+
+class ChangelogFollower:
+    """Standby copies kept by applying their changelogs: one consumer thread over every followed partition.
+
+    A copy restores in bulk while RESTORING (chunks, not served) up to the changelog's stable end seen when it was
+    added, and turns RUNNING once it is there AND has applied the input topic up to its end as it was then (what a
+    copy running the pipeline waits for too: a changelog still empty at a cluster's start is no state to serve); from
+    then on it applies each batch whole, when the batch's last record arrives.
+    """
+
+    def __init__(self, changelogs: Changelogs) -> None:
+        self.changelogs = changelogs
+        self._lock = threading.Lock()
+        self._followed: dict[tuple[str, int], tuple[str, PartitionStores]] = {}  # changelog tp -> (topic, stores)
+        self._targets: dict[tuple[str, int], int] = {}
+        self._source_targets: dict[tuple[str, int], int] = {}  # the input topic's end offset when followed
+        self._pending: dict[tuple[str, int], list[Record]] = {}
+        self._assigned: set[tuple[str, int]] = set()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def follow(self, topic: str, stores: PartitionStores, source_end: int = 0) -> None:
+        """Start following stores' changelog partition (a new copy is RESTORING until it caught up with the
+        changelog and with source_end, the input partition's end offset now)."""
+        tp = (self.changelogs.topic(topic), stores.db.partition)
+        target = self.changelogs.end_offsets(topic, [stores.db.partition])[stores.db.partition]
+        if stores.db.state is not PartitionState.RUNNING:  # a copy RUNNING already (an active demoted) stays so:
+            stores.db.set_state(PartitionState.RESTORING)  # its data is whole batches; its lag says how stale
+        with self._lock:
+            self._followed[tp] = (topic, stores)
+            self._targets[tp] = target
+            self._source_targets[tp] = source_end
+            self._pending[tp] = []
+            self._caught_up(tp, stores, changelog_next(stores.db))
+        RESTORES[tp] = RestoreProgress(topic, stores.db.partition, changelog_next(stores.db), target)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="changelog-follower", daemon=True)
+            self._thread.start()
+
+    def release(self, topic: str, partition: int) -> None:
+        """Stop following topic's partition: nothing is applied to it after this returns."""
+        with self._lock:
+            tp = (self.changelogs.topic(topic), partition)
+            self._followed.pop(tp, None)
+            self._pending.pop(tp, None)
+
+    def followed(self) -> list[tuple[str, int]]:
+        """Return the (input topic, partition) pairs followed now."""
+        with self._lock:
+            return sorted((topic, tp[1]) for tp, (topic, _) in self._followed.items())
+
+    def stop(self) -> None:
+        """Stop the thread (the copies stay open)."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def _run(self) -> None:
+        consumer = changelog_consumer(self.changelogs.config)
+        try:
+            while not self._stopped.is_set():
+                try:
+                    self._reconcile(consumer)
+                    if not self._assigned:
+                        time.sleep(0.1)
+                        continue
+                    for message in consumer.consume(5_000, timeout=0.2):
+                        self._take(message)
+                    self._flush_restoring()
+                except KafkaException as exc:  # Kafka away, a partition moving: try again
+                    log.warning("changelog follower: %s; retrying in 1 s", exc)
+                    time.sleep(1.0)
+        finally:
+            consumer.close()
+
+    def _reconcile(self, consumer: Consumer) -> None:
+        """Assign the changelog partitions followed now, each from where its copy is."""
+        with self._lock:
+            wanted = {tp: stores for tp, (_, stores) in self._followed.items()}
+        gone = self._assigned - set(wanted)
+        if gone:
+            consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
+            self._assigned -= gone
+        new = [tp for tp in wanted if tp not in self._assigned]
+        if new:
+            consumer.incremental_assign([TopicPartition(t, p, changelog_next(wanted[(t, p)].db)) for t, p in new])
+            self._assigned |= set(new)
+
+    def _take(self, message: Message) -> None:
+        error = message.error()
+        tp = (message.topic() or "", message.partition() or 0)
+        with self._lock:
+            followed = self._followed.get(tp)
+            if followed is None:
+                return
+            stores = followed[1]
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    progress = RESTORES.get(tp)
+                    end = message_offset(message)
+                    if progress is not None:  # the changelog's end as last seen: a standby's lag in its terms
+                        progress.target = max(progress.target, end)
+                        progress.position = max(progress.position, end)
+                    self._caught_up(tp, stores, end)
+                    return
+                raise KafkaException(error)
+            key, value, after = message_key(message), message.value(), message_offset(message) + 1
+            pending = self._pending[tp]
+            pending.append((key, value))
+            progress = RESTORES.get(tp)
+            if progress is not None:
+                progress.records += 1
+                progress.bytes += len(key) + len(value or b"")
+                progress.position = after
+            if is_batch_end(key):
+                apply_records(stores.db, pending, after)
+                self._pending[tp] = []
+                self._caught_up(tp, stores, after)
+
+    def _caught_up(self, tp: tuple[str, int], stores: PartitionStores, offset: int) -> None:
+        """Turn a restoring copy RUNNING once it applied every whole batch up to its targets (the lock is held)."""
+        if stores.db.state is not PartitionState.RESTORING or offset < self._targets.get(tp, 0):
+            return
+        pending = self._pending.get(tp)
+        if pending:
+            apply_records(stores.db, pending, offset)
+            self._pending[tp] = []
+        if stores.db.next_offset() >= self._source_targets.get(tp, 0):
+            stores.db.set_state(PartitionState.RUNNING)
+            log.info("%s-%s: standby caught up with its changelog at offset %d", tp[0], tp[1], offset)
+
+    def _flush_restoring(self) -> None:
+        """Write what restoring copies hold (not served yet: a chunk need not be a whole batch)."""
+        with self._lock:
+            for tp, (_, stores) in self._followed.items():
+                pending = self._pending.get(tp)
+                if pending and stores.db.state is PartitionState.RESTORING:
+                    progress = RESTORES.get(tp)
+                    position = progress.position if progress is not None else changelog_next(stores.db)
+                    apply_records(stores.db, pending, position)
+                    self._pending[tp] = []
