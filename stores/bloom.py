@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import struct
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pybloom_live import ScalableBloomFilter
@@ -30,6 +30,7 @@ from iqgraph.stores.scan import Page
 from iqgraph.stores.scans import Scan, refused
 from iqgraph.stores.spec import BloomSpec, StoreKind
 from iqgraph.stores.types import Followed, Lookup
+from iqgraph.stores.writes import ChangeRecorder, StorePartials
 
 SNAPSHOT_KEY = b"snapshot"  # the whole snapshot, as databases written before pages hold it
 PAGES_KEY = b"pages"  # the snapshot's length in bytes (int64): its pages are page<0>..page<n-1>
@@ -53,6 +54,9 @@ class BloomStore:
     windowed: ClassVar[bool] = False
     aggregated: ClassVar[bool] = False
     followable: ClassVar[bool] = True
+    keys_only: ClassVar[bool] = True
+    keeps_tables: ClassVar[bool] = False
+    rankable: ClassVar[bool] = False
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
@@ -165,6 +169,14 @@ class BloomStore:
     def read_count(self, exact: bool, distinct: bool) -> int | BloomBits:
         """Return the filters' estimate of the keys added (never exact); distinct: the filter, to count a union."""
         return self.bits() if distinct else self.approximate_count()
+
+    def apply(self, tx: PartitionTransaction, partials: StorePartials, changes: ChangeRecorder) -> Mapping[bytes, Any]:
+        """Add the batch's keys (the write protocol: ``stores.writes``); a watched key's change is True."""
+        self.add(tx, partials.keys)
+        if changes.watches(self.name):
+            keys = partials.keys
+            changes.constant(self.name, keys, True, dict(zip(keys, partials.positions, strict=True)))
+        return {}
 
     def add(self, tx: PartitionTransaction, keys: Iterable[Key]) -> None:
         """Add keys when tx commits, together with a snapshot of the filter."""

@@ -6,7 +6,7 @@ same batch, so count() is exact where approximate_num_entries() is RocksDB's est
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -19,6 +19,7 @@ from iqgraph.stores.scan import Page, inclusive_stop, paginate, prefix_stop
 from iqgraph.stores.scans import PrefixScan, RangeScan, Scan, refused
 from iqgraph.stores.spec import StoreKind
 from iqgraph.stores.types import Followed, Lookup
+from iqgraph.stores.writes import ChangeRecorder, StorePartials
 
 DEFAULT_PAGE = 100
 
@@ -32,6 +33,14 @@ class Merged:
     changed: dict[bytes, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class TableChanges(Merged):
+    """What a table's batch did: Merged for the keys given a value, and the keys its tombstones deleted (by key:
+    the tombstone's position)."""
+
+    deleted: dict[Any, int] = field(default_factory=dict)
+
+
 class KeyValueStore(AggregatedStates):
     """Latest value, count, sum, min, max or avg per key, in one partition database."""
 
@@ -40,6 +49,9 @@ class KeyValueStore(AggregatedStates):
     windowed: ClassVar[bool] = False
     aggregated: ClassVar[bool] = True
     followable: ClassVar[bool] = True
+    keys_only: ClassVar[bool] = False
+    keeps_tables: ClassVar[bool] = True
+    rankable: ClassVar[bool] = True
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
@@ -154,6 +166,35 @@ class KeyValueStore(AggregatedStates):
         if distinct and exact:
             return self.db.key_digests(self.name)
         return self.count() if exact else self.approximate_num_entries()
+
+    # -- the write protocol (``stores.writes.StoreWrites``) -----------------------------------------
+
+    def apply(self, tx: PartitionTransaction, partials: StorePartials, changes: ChangeRecorder) -> Mapping[bytes, Any]:
+        """Merge each key's partial (a table's: its last change), recording the watched keys' new states."""
+        keys, items = partials.keys, partials.items
+        if partials.table:
+            done = self.apply_changes(
+                tx, [(k, it[2], at) for k, it, at in zip(keys, items, partials.positions, strict=True)]
+            )
+            if changes.watches(self.name):
+                changes.states(self.name, self.codec, keys, done)
+                changes.constant(self.name, done.deleted, None, done.deleted)
+            return done.states
+        found = self.merge(tx, [(k, it[2]) for k, it in zip(keys, items, strict=True)], positions=partials.positions)
+        if changes.watches(self.name):
+            changes.states(self.name, self.codec, keys, found)
+        return found.states
+
+    def apply_changes(self, tx: PartitionTransaction, items: Sequence[tuple[Key, Any, int]]) -> TableChanges:
+        """Apply a table's last change per key of a batch (key, value, position): a value replaces the key's, a
+        tombstone (None) deletes it."""
+        valued = [(key, value, at) for key, value, at in items if value is not None]
+        merged = self.merge(tx, [(key, value) for key, value, _ in valued], positions=[at for _, _, at in valued])
+        deleted: dict[Any, int] = {}
+        for key, value, at in items:
+            if value is None and self.delete(tx, key, at):  # a key that was stored: its deletion is a change
+                deleted[key] = at
+        return TableChanges(merged.states, merged.changed, deleted)
 
     def _count_entries(self, tx: PartitionTransaction, added: int) -> None:
         if added:

@@ -18,17 +18,21 @@ ranked only among all.
 
 from __future__ import annotations
 
+import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from iqgraph.stores.aggregations import AggregatedStates
+from iqgraph.stores.aggregations import AggregatedStates, Aggregation
 from iqgraph.stores.codecs import Key, KeyCodec, decode_value, decode_values, encode_value
 from iqgraph.stores.partition import PartitionDB, PartitionTransaction, entries_counter
 from iqgraph.stores.scan import Page, paginate, prefix_stop
 from iqgraph.stores.scans import Scan, TopScan, refused
 from iqgraph.stores.spec import StoreKind
 from iqgraph.stores.types import Followed, Lookup
+from iqgraph.stores.writes import ChangeRecorder, StorePartials
+
+log = logging.getLogger(__name__)
 
 #: ``update``'s group for a member whose group did not change in the batch: keep the one indexed.
 KEEP_GROUP: Any = object()
@@ -92,6 +96,9 @@ class RankingStore(AggregatedStates):
     windowed: ClassVar[bool] = False
     aggregated: ClassVar[bool] = False
     followable: ClassVar[bool] = False
+    keys_only: ClassVar[bool] = False
+    keeps_tables: ClassVar[bool] = False
+    rankable: ClassVar[bool] = False
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
@@ -102,6 +109,51 @@ class RankingStore(AggregatedStates):
         self.index = index_family(name)
         self.codec = KeyCodec(self.spec.key_type)
         self._entries_counter = entries_counter(name)
+        self._ranked: tuple[str, KeyCodec, Aggregation] | None = None  # the store it ranks, once a batch named it
+
+    def apply(self, tx: PartitionTransaction, partials: StorePartials, changes: ChangeRecorder) -> Mapping[bytes, Any]:
+        """Index the members whose value (partials.ranked: the new states of the store it ranks, applied before it
+        in tx) or group (a partial: the member's latest {group column: value}) the batch changed; the write protocol
+        (``stores.writes``). A watched member's change is partials.rank_change of its entries before and after."""
+        name, codec, aggregation = self._ranked_store(str(partials.ranks))
+        groups = dict(zip(partials.keys, [it[2] for it in partials.items], strict=True))
+        states = {codec.decode(key): state for key, state in partials.ranked.items()}
+        missing = [member for member in groups if member not in states]
+        if missing:  # a member whose records' group came without a new value (a sum over nulls): its stored state
+            states.update(zip(missing, decode_values(tx.multi_get(name, codec.encode_many(missing))), strict=True))
+        members = list(states)
+        column = partials.group
+        new_groups = [
+            (groups[m] or {}).get(column) if column is not None and m in groups else KEEP_GROUP for m in members
+        ]
+        recorded = None
+        if watched := changes.selected(self.name, members):
+            rows = [(m, None, raw) for m, raw in zip(watched, self.codec.encode_many(watched), strict=True)]
+            recorded = changes.rows(self.name, tx, self.name, rows, partials.rank_change)
+        self.update(tx, members, new_groups, [self._ranked_value(aggregation, m, states[m]) for m in members])
+        if recorded is not None:
+            recorded({})  # a ranking's entries have no position
+        return {}
+
+    def _ranked_store(self, ranks: str) -> tuple[str, KeyCodec, Aggregation]:
+        """Return the name, key codec and aggregation of the store this ranking ranks."""
+        if self._ranked is None or self._ranked[0] != ranks:
+            spec = self.db.spec(ranks)
+            self._ranked = (ranks, KeyCodec(spec.key_type), spec.aggregation)
+        return self._ranked
+
+    def _ranked_value(self, aggregation: Aggregation, member: Key, state: Any) -> Any:
+        """Return the value this ranking indexes for member: its state finalized (None, out of the index, if that
+        fails: a user's finalize that raises must not stop the partition; the store it ranks answers the error)."""
+        if state is None:
+            return None
+        try:
+            return aggregation.finalize(state)
+        except Exception:  # the user's code: anything it raises leaves this member unranked, logged
+            log.exception(
+                "ranking %s: the value of %r could not be finalized; left out of the index", self.name, member
+            )
+            return None
 
     def update(
         self, tx: PartitionTransaction, members: Sequence[Key], groups: Sequence[Any], values: Sequence[Any]

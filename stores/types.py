@@ -37,6 +37,13 @@ class StoreReads(Protocol):
     aggregated: ClassVar[bool]
     #: its keys can be followed (a live watch: ``followed``); a ranking is followed by its store's changes instead
     followable: ClassVar[bool]
+    #: it keeps only that it saw a key, no value (a bloom filter: its records need no value column, a key's answer
+    #: is a boolean, sent once by a watch)
+    keys_only: ClassVar[bool]
+    #: it can keep a table topic (each key's latest value; a tombstone deletes the key)
+    keeps_tables: ClassVar[bool]
+    #: a ranking can rank its keys by their values (``StoreDefinition.ranks`` names it)
+    rankable: ClassVar[bool]
 
     @staticmethod
     def combiner(agg: Aggregation) -> Callable[[Any, Any], Any]:

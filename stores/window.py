@@ -23,6 +23,7 @@ from iqgraph.stores.scan import Page, inclusive_stop, paginate, scan
 from iqgraph.stores.scans import FAR_FUTURE, FAR_PAST, Scan, WindowRangeScan, WindowScan, refused
 from iqgraph.stores.spec import StoreKind, WindowSpec
 from iqgraph.stores.types import Followed, Lookup
+from iqgraph.stores.writes import ChangeRecorder, StorePartials
 
 DEFAULT_PAGE = 100
 NO_TIME = -(1 << 63)
@@ -61,6 +62,9 @@ class WindowStore:
     windowed: ClassVar[bool] = True
     aggregated: ClassVar[bool] = True
     followable: ClassVar[bool] = True
+    keys_only: ClassVar[bool] = False
+    keeps_tables: ClassVar[bool] = False
+    rankable: ClassVar[bool] = False
 
     def __init__(self, db: PartitionDB, name: str) -> None:
         self.db = db
@@ -233,6 +237,20 @@ class WindowStore:
         return self.db.family(self.name).property_int_value("rocksdb.estimate-num-keys") or 0
 
     # -- writes -------------------------------------------------------------------------------
+
+    def apply(self, tx: PartitionTransaction, partials: StorePartials, changes: ChangeRecorder) -> Mapping[bytes, Any]:
+        """Merge each window's partial and move stream time (the write protocol: ``stores.writes``), recording the
+        watched windows the merge changed (read from the transaction before and after: merge returns no states)."""
+        items = [(k, int(it[1] or 0), it[2]) for k, it in zip(partials.keys, partials.items, strict=True)]
+        recorded = None
+        if changes.watches(self.name):
+            watched = set(changes.selected(self.name, (key for key, _, _ in items)))
+            rows = {(k, start): self.codec.encode_window_key(k, start) for k, start, _ in items if k in watched}
+            recorded = changes.rows(self.name, tx, self.name, [(k, start, raw) for (k, start), raw in rows.items()])
+        changed = self.merge(tx, items, partials.stream_time, partials.late, positions=partials.positions)
+        if recorded is not None:
+            recorded(changed)
+        return {}
 
     def merge(
         self,

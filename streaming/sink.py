@@ -3,8 +3,10 @@
 For each micro-batch of one topic: drop records the stores have applied already (offset below the
 partition's next offset), decode, compute every store's partials in Spark, bring them to the driver in
 one Arrow transfer, and merge each partition's share into its database in ONE WriteBatch together with
-its new next offset (invariant 1). Bad records are counted per store, logged with topic/partition/offset
-and sent to the dead-letter topic when one is configured (before the commit: at least once there).
+its new next offset (invariant 1): each store's view applies its share as its kind does (the write protocol,
+``stores.writes``; a ranking after the store it ranks). Bad records are counted per store, logged with
+topic/partition/offset and sent to the dead-letter topic when one is configured (before the commit: at least once
+there).
 For the co-partitioned stores, each partition's distinct keys of the batch are sorted by which
 partitioner explains their arrival partition (murmur2 only, CRC32 only, both, neither) and counted in
 the same transaction (``partitioner.EVIDENCE_COUNTERS``): that is how routing detects the producers'
@@ -47,17 +49,8 @@ import orjson
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from iqgraph.stores import (
-    KEEP_GROUP,
-    Aggregation,
-    OffsetGapError,
-    PartitionStores,
-    PartitionTransaction,
-    StoreKind,
-    WindowStore,
-)
-from iqgraph.stores.codecs import decode_values
-from iqgraph.stores.kv import Merged
+from iqgraph.stores import OffsetGapError, PartitionStores, PartitionTransaction, store_class
+from iqgraph.stores.writes import StorePartials
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.change_set import ChangeSet, Interest, rank_entry
 from iqgraph.streaming.changelog import ChangelogWriter
@@ -81,6 +74,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _UNWATCHED: AbstractContextManager[Interest] = nullcontext({})
 _NO_CHANGES = ChangeSet({})  # watches no store: nothing is ever recorded into it
+_NONE: Mapping[bytes, Any] = {}  # a store no batch changed yet (never written to)
 
 
 @dataclass
@@ -316,7 +310,7 @@ class StoreSink:
                 decoded.unpersist()
 
     def _stream_times(self, store: StoreDefinition) -> dict[int, int]:
-        if store.kind is not StoreKind.WINDOW:
+        if not store_class(store.kind).windowed:
             return {}
         times = {p: s.window(store.name).stream_time() for p, s in self.partitions.items()}
         return {p: t for p, t in times.items() if t is not None}
@@ -410,44 +404,22 @@ class StoreSink:
         bad = self._record_bad(tx, partition, batch.bad)
         keyed = [(store, self._keys(store, batch.partials.get(store.name, []))) for store in self.stores]
         self._check_partitions(tx, partition, batch, [(s, keys) for s, keys in keyed if s.co_partitioned])
-        merged: dict[str, dict[bytes, Any]] = {}  # key-value store -> its new states, for the rankings of it
-        for store, keys in keyed:
+        merged: dict[str, Mapping[bytes, Any]] = {}  # each store's new states, for the rankings of it
+        for store, keys in sorted(keyed, key=_ranked_last):  # a ranking after the store it ranks
             items = batch.partials.get(store.name, [])
-            if store.kind is StoreKind.RANKING:
-                continue  # below, once the store it ranks is merged
-            watched = changes.watches(store.name)
-            positions = _positions(batch, items)
-            if store.kind is StoreKind.KEY_VALUE and self.topic.table:
-                changelog = [(k, it[2], at) for k, it, at in zip(keys, items, positions, strict=True)]
-                done = _apply_changelog(stores, store.name, tx, changelog)
-                if watched:
-                    changes.states(store.name, stores.kv(store.name).codec, keys, done)
-                    changes.constant(store.name, done.deleted, None, done.deleted)
-            elif store.kind is StoreKind.KEY_VALUE:
-                pairs = [(k, it[2]) for k, it in zip(keys, items, strict=True)]
-                view = stores.kv(store.name)
-                found = view.merge(tx, pairs, positions=positions)
-                merged[store.name] = found.states
-                if watched:
-                    changes.states(store.name, view.codec, keys, found)
-            elif store.kind is StoreKind.WINDOW:
-                window_items = [(k, int(it[1] or 0), it[2]) for k, it in zip(keys, items, strict=True)]
-                stream_time = batch.stream_time.get(store.name)
-                window = stores.window(store.name)
-                recorded = _window_changes(changes, tx, window, window_items) if watched else None
-                late = batch.late.get(store.name, 0)
-                changed = window.merge(tx, window_items, stream_time, late, positions=positions)
-                if recorded is not None:
-                    recorded(changed)
-            else:
-                stores.bloom(store.name).add(tx, keys)
-                if watched:
-                    changes.constant(store.name, keys, True, dict(zip(keys, positions, strict=True)))
-        for store, keys in keyed:
-            if store.kind is StoreKind.RANKING:
-                groups = [it[2] for it in batch.partials.get(store.name, [])]
-                ranked = merged.get(str(store.ranks), {})
-                _rank(stores, tx, store, dict(zip(keys, groups, strict=True)), ranked, changes)
+            partials = StorePartials(
+                keys,
+                items,
+                _positions(batch, items),
+                table=self.topic.table,
+                stream_time=batch.stream_time.get(store.name),
+                late=batch.late.get(store.name, 0),
+                ranks=store.ranks,
+                group=store.group,
+                ranked=merged.get(store.ranks, _NONE) if store.ranks is not None else _NONE,
+                rank_change=rank_entry,
+            )
+            merged[store.name] = stores.store(store.name).apply(tx, partials, changes)
         return bad
 
     def _keys(self, store: StoreDefinition, items: list[tuple[Any, int | None, Any, int]]) -> list[Any]:
@@ -524,87 +496,11 @@ class StoreSink:
         return counted
 
 
-@dataclass(frozen=True)
-class _TableChanges(Merged):
-    """What a table's batch did: Merged for the keys given a value, and the keys its tombstones deleted (by key:
-    the tombstone's position)."""
-
-    deleted: dict[Any, int] = field(default_factory=dict)
-
-
-def _apply_changelog(
-    stores: PartitionStores, name: str, tx: PartitionTransaction, items: list[tuple[Any, Any, int]]
-) -> _TableChanges:
-    """Apply a table's last change per key of the batch (key, value, position): a value replaces the key's, a
-    tombstone (None) deletes it."""
-    table = stores.kv(name)
-    valued = [(key, value, at) for key, value, at in items if value is not None]
-    merged = table.merge(tx, [(key, value) for key, value, _ in valued], positions=[at for _, _, at in valued])
-    deleted: dict[Any, int] = {}
-    for key, value, at in items:
-        if value is None and table.delete(tx, key, at):  # a key that was stored: its deletion is a change
-            deleted[key] = at
-    return _TableChanges(merged.states, merged.changed, deleted)
-
-
 def _positions(batch: PartitionBatch, items: list[tuple[Any, ...]]) -> list[int]:
     """Return each partial's position: the offset of its last record (a partial built without one — by hand, in a
     test — stands at the batch's last offset)."""
     return [it[4] if len(it) > 4 and it[4] is not None else batch.last_offset for it in items]
 
 
-def _window_changes(
-    changes: ChangeSet,
-    tx: PartitionTransaction,
-    window: WindowStore,
-    items: list[tuple[Any, int, Any]],
-) -> Callable[[Mapping[bytes, int]], None]:
-    """Read the watched windows of items before their merge; return what records those the merge changed (given the
-    positions it gave them)."""
-    watched = set(changes.selected(window.name, (key for key, _, _ in items)))
-    rows = {(k, start): window.codec.encode_window_key(k, start) for k, start, _ in items if k in watched}
-    return changes.rows(window.name, tx, window.name, [(k, start, raw) for (k, start), raw in rows.items()])
-
-
-def _rank(
-    stores: PartitionStores,
-    tx: PartitionTransaction,
-    ranking: StoreDefinition,
-    groups: Mapping[Any, Any],
-    changed: Mapping[bytes, Any],
-    changes: ChangeSet = _NO_CHANGES,
-) -> None:
-    """Index the members whose value (changed: the ranked store's new states) or group (groups) the batch changed.
-
-    groups: per member of the batch, its latest record's group columns ({column: value}) — absent without a group.
-    """
-    view, ranked = stores.ranking(ranking.name), stores.kv(str(ranking.ranks))
-    states = {ranked.codec.decode(key): state for key, state in changed.items()}
-    missing = [member for member in groups if member not in states]
-    if missing:  # a member whose records' group came without a new value (a sum over nulls): its stored state
-        states.update(
-            zip(missing, decode_values(tx.multi_get(ranked.name, ranked.codec.encode_many(missing))), strict=True)
-        )
-    members = list(states)
-    column = ranking.group
-    new_groups = [(groups[m] or {}).get(column) if column is not None and m in groups else KEEP_GROUP for m in members]
-    aggregation = ranked.spec.aggregation
-    recorded = None
-    if watched := changes.selected(ranking.name, members):
-        rows = [(m, None, raw) for m, raw in zip(watched, view.codec.encode_many(watched), strict=True)]
-        recorded = changes.rows(ranking.name, tx, view.name, rows, rank_entry)
-    view.update(tx, members, new_groups, [_ranked_value(ranking, aggregation, m, states[m]) for m in members])
-    if recorded is not None:
-        recorded({})  # a ranking's entries have no position
-
-
-def _ranked_value(ranking: StoreDefinition, aggregation: Aggregation, member: Any, state: Any) -> Any:
-    """Return the value a ranking indexes for member: its state finalized (None, out of the index, if that fails:
-    a user's finalize that raises must not stop the partition; the store it ranks answers the error)."""
-    if state is None:
-        return None
-    try:
-        return aggregation.finalize(state)
-    except Exception:  # the user's code: anything it raises leaves this member unranked, logged
-        log.exception("ranking %s: the value of %r could not be finalized; left out of the index", ranking.name, member)
-        return None
+def _ranked_last(keyed: tuple[StoreDefinition, list[Any]]) -> bool:
+    return keyed[0].ranks is not None
