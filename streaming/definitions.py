@@ -25,7 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from iqgraph.stores import BloomSpec, StoreKind, StoreSpec, UserError, WindowSpec, aggregation_named
+from iqgraph.stores import (
+    BloomSpec,
+    RankingStore,
+    StoreKind,
+    StoreSpec,
+    UserError,
+    WindowSpec,
+    aggregation_named,
+    store_class,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -278,6 +287,8 @@ class StoreDefinition:
         fields = [r.field for r in self.relations]
         if len(set(fields)) != len(fields):
             raise DefinitionError(f"store {self.name!r}: relation fields must be unique, got {fields}")
+        if (store_class(self.kind) is RankingStore) != (self.ranks is not None):  # the ranking rules ask ranks
+            raise DefinitionError(f"store {self.name!r}: ranks= goes with, and only with, a ranking (ranking_store)")
 
     @property
     def co_partitioned(self) -> bool:
@@ -300,7 +311,7 @@ class StoreDefinition:
         ``latest`` of a store keyed by a column is ``latest_by_time``: its key's records arrive on several
         partitions, and the latest is the one with the greatest event time (ties: partition, then offset).
         """
-        if self.kind is StoreKind.BLOOM:
+        if store_class(self.kind).keys_only:  # a bloom filter: no aggregation, its records' latest key
             return "latest"
         if self.aggregate.kind == "latest" and not self.co_partitioned:
             return "latest_by_time"
@@ -310,7 +321,7 @@ class StoreDefinition:
     def state_aggregation(self) -> Aggregation:
         """Return the Aggregation the store's states merge and finalize with: a user's, or the built-in named
         by ``aggregation`` (every reader and writer of a store's states resolves it here)."""
-        if self.aggregate.user is not None and self.kind is not StoreKind.BLOOM:
+        if self.aggregate.user is not None and not store_class(self.kind).keys_only:
             return self.aggregate.user.aggregation()
         return aggregation_named(self.aggregation)
 
@@ -453,7 +464,7 @@ def ranking_store(
 def _check_table_store(store: StoreDefinition) -> None:
     """Refuse a store of a table topic that is not a table store (latest per record key, no transform)."""
     if (
-        store.kind is not StoreKind.KEY_VALUE
+        not store_class(store.kind).keeps_tables
         or store.aggregate.kind != "latest"
         or store.key
         or store.transform
@@ -498,7 +509,7 @@ class App:
                 _check_table_store(store)
             if store.join is not None:
                 self._check_join(store, store.join)
-            if store.kind is StoreKind.RANKING:
+            if store.ranks is not None:
                 self._check_ranking(store)
         self._check_entities()
         if self.fields:
@@ -508,7 +519,7 @@ class App:
 
     def _check_ranking(self, ranking: StoreDefinition) -> None:
         ranked = next((s for s in self.stores if s.name == ranking.ranks), None)
-        if ranked is None or ranked.kind is not StoreKind.KEY_VALUE:
+        if ranked is None or not store_class(ranked.kind).rankable:
             raise DefinitionError(
                 f"ranking {ranking.name!r} ranks {ranking.ranks!r}: add that key-value store to the app"
             )
@@ -560,7 +571,7 @@ class App:
                 raise DefinitionError(
                     f"entity {entity.name!r} composes {unknown[0]!r}, which is not a store of the app"
                 )
-            rankings = [name for name in entity.stores if stores[name].kind is StoreKind.RANKING]
+            rankings = [name for name in entity.stores if stores[name].ranks is not None]
             if rankings:
                 raise DefinitionError(
                     f"entity {entity.name!r} composes {rankings[0]!r}, a ranking: it keeps no value per key "

@@ -45,7 +45,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from iqgraph.stores import StoreKind
 from iqgraph.streaming.definitions import DefinitionError
 from iqgraph.streaming.types import StoreViews
 
@@ -222,7 +221,7 @@ def _check_store(app: App, owner: OwnerField) -> None:
             f"owner-side field {owner.name!r} routes by store {store.name!r}, keyed by column {store.key!r}: its keys "
             "are in every partition, with no one owner; route by a store keyed by the record key"
         )
-    if store.kind is StoreKind.RANKING:
+    if store.ranks is not None:
         raise DefinitionError(
             f"owner-side field {owner.name!r} routes by ranking {store.name!r}, keyed by group: route by the "
             "key-value, window or bloom store whose keys the function takes"

@@ -24,7 +24,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType, NumericType
 
-from iqgraph.stores import StoreKind
+from iqgraph.stores import store_class
 from iqgraph.streaming.arrow_partials import PARTIALS_SCHEMA, StorePlan, task_partials
 from iqgraph.streaming.definitions import DefinitionError, StoreDefinition
 from iqgraph.streaming.joins import Enrich
@@ -79,7 +79,7 @@ _VALUE_TYPES = {"inum": "long", "fnum": "double", "payload": "string"}
 def _store_value(frame: DataFrame, store: StoreDefinition) -> tuple[Column | None, str | None]:
     """Return the column a store aggregates and its kind ("inum", "fnum", "payload"; None: none needed)."""
     agg = store.aggregate
-    if store.kind is StoreKind.BLOOM or agg.kind == "count":
+    if store_class(store.kind).keys_only or agg.kind == "count":
         return None, None
     if agg.user is not None:  # the task folds the rows: each a JSON object of the columns, nulls included
         columns = _payload_columns(frame, store)
@@ -135,7 +135,7 @@ def _plan(
     window = None
     if store.window is not None:
         window = (store.window.size_ms, store.window.advance, store.window.grace_ms)
-    user = store.aggregate.user if store.kind is not StoreKind.BLOOM else None
+    user = store.aggregate.user if not store_class(store.kind).keys_only else None
     return StorePlan(store.name, store.kind.value, store.aggregation, number, window, dict(stream_times), wide, user)
 
 

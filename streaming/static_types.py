@@ -43,7 +43,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from iqgraph.stores import StoreKind
+from iqgraph.stores import store_class
 from iqgraph.streaming.ddl import DDLError, parse_ddl
 from iqgraph.streaming.decode import META_COLUMNS, value_schema
 from iqgraph.streaming.definitions import App, DefinitionError, StoreDefinition, Topic
@@ -76,7 +76,7 @@ def value_types_of(app: App, records: Mapping[str, StructType]) -> dict[str, Dat
     """Return the value type of every store of app, given the schema of each store's records."""
     types = {store.name: value_type(store, records[store.name]) for store in app.stores}
     for store in app.stores:
-        if store.kind is StoreKind.RANKING:
+        if store.ranks is not None:
             types[store.name] = ranked_type(store, types)
     return types
 
@@ -141,7 +141,7 @@ def _store_records(app: App, store: StoreDefinition, decoded: StructType) -> Str
         try:
             records = filtered_schema(store.transform, records)
         except Unsupported as why:
-            what = "ranks a store with" if store.kind is StoreKind.RANKING else "has"
+            what = "ranks a store with" if store.ranks is not None else "has"
             raise NeedsSparkError(
                 f"store {store.name!r} {what} a transform that does more than filter ({why})"
             ) from None
@@ -163,7 +163,7 @@ def check_records(store: StoreDefinition, columns: Sequence[str]) -> None:
 def value_type(store: StoreDefinition, records: StructType) -> DataType:
     """Return the Spark type of a store's values, given the schema of its records (a ranking: of what it keeps)."""
     agg = store.aggregate
-    if store.kind is StoreKind.BLOOM:
+    if store_class(store.kind).keys_only:  # a bloom filter answers whether it saw a key
         return BooleanType()
     if agg.kind == "count":
         return LongType()

@@ -19,10 +19,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 
-from iqgraph.app.catalog import FAR_FUTURE, FAR_PAST
 from iqgraph.schema.errors import STORE_NOT_READY, ApiError, api_error, limit_exceeded
 from iqgraph.schema.wire import Interest, Row, Rows
-from iqgraph.stores import Key, PartitionStores, StoreError, StoreKind, StoreMigratedError
+from iqgraph.stores import Key, PartitionStores, StoreError, StoreMigratedError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.change_set import Change
 from iqgraph.streaming.definitions import App
@@ -59,32 +58,16 @@ def read_rows(
     thread).
 
     Key-value keys a store does not hold are rows with state None (position -1 if never written, else where a
-    tombstone deleted it); a bloom's keys only when contained, with no position (``stores.positions``).
+    tombstone deleted it); a bloom's keys only when contained, with no position (``stores.positions``): each store's
+    view answers for its kind (``stores.types.StoreReads.followed``).
     """
     rows: list[Row] = []
     for name, by_partition in interest.items():
         keys = list(by_partition.get(partition, ()))
         if not keys:
             continue
-        kind = app.store(name).kind
-        if kind is StoreKind.KEY_VALUE:
-            view = stores.kv(name)
-            states = view.multi_get(keys, states=True)
-            positions = view.positions.read(view.codec.encode_many(keys))
-            rows += [
-                (name, key, None, state, 0, -1 if state is None and at is None else at)
-                for key, state, at in zip(keys, states, positions, strict=True)
-            ]
-        elif kind is StoreKind.WINDOW:
-            lower = window_from.get(name)
-            window = stores.window(name)
-            start = FAR_PAST if lower is None else lower
-            found = [w for key in keys for w in window.fetch(key, start, FAR_FUTURE, states=True)]
-            positions = window.positions.read([window.codec.encode_window_key(w.key, w.start) for w in found])
-            rows += [(name, w.key, w.start, w.value, 0, at) for w, at in zip(found, positions, strict=True)]
-        else:
-            contained = stores.bloom(name).might_contain_many(keys)
-            rows += [(name, key, None, True, 0, None) for key, found in zip(keys, contained, strict=True) if found]
+        found = stores.store(name).followed(keys, window_from.get(name))
+        rows += [(name, key, start, state, 0, at) for key, start, state, at in found]
     return rows
 
 

@@ -18,12 +18,9 @@ from iqgraph.app.live.follow import Hosted, Interest, Rows, follow_partitions, p
 from iqgraph.schema import wire
 from iqgraph.schema.access import Principal, check_read
 from iqgraph.schema.errors import STORE_MIGRATED, ApiError, api_error, invalid_argument, limit_exceeded
-from iqgraph.stores import PartitionState, PartitionStores, StoreError, StoreKind
+from iqgraph.stores import PartitionState, PartitionStores, StoreError, store_class
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.definitions import App, StoreDefinition
-
-#: The kinds of store whose keys can be followed (a ranking is followed by its store's changes instead).
-WATCHABLE = (StoreKind.KEY_VALUE, StoreKind.WINDOW, StoreKind.BLOOM)
 
 
 def watchable(app: App, store: str) -> StoreDefinition:
@@ -32,7 +29,7 @@ def watchable(app: App, store: str) -> StoreDefinition:
         definition = definition_of(app, store)
     except StoreError as exc:
         raise api_error(exc) from None
-    if definition.kind not in WATCHABLE:
+    if not store_class(definition.kind).followable:  # a ranking is followed by its store's changes instead
         raise invalid_argument("store", f"{store} is a {definition.kind.value} store, which cannot be followed")
     return definition
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from iqgraph.app.query.merging import aggregation_of, finalize
 from iqgraph.schema.types import LiveChange
-from iqgraph.stores import Key, StoreKind, WindowedValue
+from iqgraph.stores import Key, WindowedValue, store_class
 from iqgraph.stores.aggregations import merge_state
 from iqgraph.streaming.change_set import Change
 from iqgraph.streaming.definitions import StoreDefinition
@@ -46,6 +46,7 @@ class WatchedKeys:
         window_from: a window store's earliest window start (None: every window).
         """
         self.definition = definition
+        self._store = store_class(definition.kind)  # how its states merge and become values
         self.routed = {p: list(keys) for p, keys in routed.items()}
         self.window_from = window_from
         self._partitions: dict[Key, list[int]] = {}
@@ -105,8 +106,7 @@ class WatchedKeys:
 
     def _value(self, key: Key, start: int | None, partition: int, state: Any) -> Any:
         """Return the value to send for key (window start) now that partition holds state; _SKIP for none."""
-        kind = self.definition.kind
-        if kind is StoreKind.BLOOM:
+        if self._store.keys_only:  # a bloom filter's key: contained, sent once (false never becomes true twice)
             if key in self._contained or not state:
                 return _SKIP
             self._contained.add(key)
@@ -114,7 +114,7 @@ class WatchedKeys:
         shared = self._shared.get((key, start))
         if shared is not None:
             state = _merged(self.definition, shared.values())
-        if kind is StoreKind.KEY_VALUE:
+        if not self._store.windowed:
             return finalize(self.definition, state)
         finalized = finalize(self.definition, [WindowedValue(key, start or 0, 0, state)])  # only the value is used
         return finalized if isinstance(finalized, Exception) else finalized[0].value
