@@ -293,7 +293,7 @@ class PeerClient:
         """Return the peer's page (or error) per partition of a scan of store."""
         variables = {
             "store": store,
-            "scan": {"kind": scan.kind, "args": scan.args},
+            "scan": scan.to_wire(),  # its own wire form (stores.scans.scan_from_wire reads it back)
             "positions": {str(p): c for p, c in positions.items()},
             "first": first,
             "partitions": list(partitions),
