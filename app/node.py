@@ -3,9 +3,10 @@
 The node's change feed (``streaming.change_feed``) lives as long as the node: every sink the runner makes
 (restarts and reassignments included) publishes to it, and ``live`` follows it for subscriptions.
 
-start() runs the steps in order and reports each through ``progress``; stop() undoes them (stop the
-queries, close RocksDB cleanly, stop Spark). Errors a user can fix surface as NodeStartError with one
-line that says what to do.
+start() runs the steps in order and reports each through ``progress``: open() checks Kafka, joins, opens and
+restores the hosted partitions and makes what serves them, while Spark starts in a thread; start_pipelines() then
+starts the streaming queries. stop() undoes them (stop the queries, close RocksDB cleanly, stop Spark). Errors a
+user can fix surface as NodeStartError with one line that says what to do.
 """
 
 from __future__ import annotations
@@ -19,18 +20,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from iqgraph.app.cluster.health import PeerHealth
-from iqgraph.app.cluster.membership import (
-    ClusterMap,
-    Member,
-    Membership,
-    StaticMembership,
-    parse_peers,
-    with_joined_tables,
-)
+from iqgraph.app.cluster.joining import membership_for
+from iqgraph.app.cluster.membership import ClusterMap, Member, Membership, with_joined_tables
 from iqgraph.app.cluster.peers import PeerClient
 from iqgraph.app.cluster.replicas import PeerStates
 from iqgraph.app.cluster.topic_watch import TopicWatch
-from iqgraph.app.cluster.topics import TopicCreationError, create_changelog_topics, create_topics
+from iqgraph.app.cluster.topics import TopicCheckError, TopicCreationError, check_topics, create_app_topics
 from iqgraph.app.live.watch import Live
 from iqgraph.app.metrics import NodeMetrics
 from iqgraph.app.owner.calls import call_many
@@ -46,7 +41,6 @@ from iqgraph.schema.types import PipelineInfo
 from iqgraph.stores import PartitionState, StateDirectory, StoreError, UserError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.definitions import App
-from iqgraph.streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
 from iqgraph.streaming.kafka_watch import KafkaWatch
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 
@@ -122,37 +116,20 @@ class Node:
         return {**self.app.kafka.config, **self.settings.kafka, "bootstrap.servers": self.bootstrap_servers}
 
     def _create_topics(self, progress: Progress, changelogs: bool = False) -> None:
-        """Create the app's missing topics (``--create-topics``; production topics are provisioned instead), or only
-        its changelog topics (``changelogs``: at every start, streaming.changelog)."""
-        create, hint = (create_changelog_topics, "; --no-changelog keeps none") if changelogs else (create_topics, "")
+        """Create the app's missing topics (``--create-topics``), or only its changelog topics (at every start)."""
         try:
-            created = create(self._client_config(), self.app)
+            for said in create_app_topics(self._client_config(), self.app, changelogs):
+                progress(said)
         except TopicCreationError as exc:
+            hint = "; --no-changelog keeps none" if changelogs else ""
             raise NodeStartError(f"{exc} (Kafka at {self.bootstrap_servers}{hint})") from None
-        for name, partitions in created.items():
-            progress(f"created {'changelog topic' if changelogs else 'topic'} {name} ({partitions} partitions)")
 
     def check_topics(self) -> dict[str, list[int]]:
         """Return every topic's partitions; raise NodeStartError if Kafka or a topic is not as declared."""
-        found: dict[str, list[int]] = {}
-        for topic in self.app.topics:
-            config = {**self._client_config(), "socket.connection.setup.timeout.ms": "5000"}
-            try:
-                partitions = list(KafkaOffsets(config, topic.name, timeout=5).partitions())
-            except KafkaSourceError as exc:
-                raise NodeStartError(
-                    f"cannot read topic {topic.name!r} from Kafka at {self.bootstrap_servers}: {exc}. "
-                    "Check --bootstrap-servers and that the topic exists."
-                ) from None
-            if len(partitions) != topic.partitions:
-                raise NodeStartError(
-                    f"topic {topic.name!r} has {len(partitions)} partitions but the app declares {topic.partitions}; "
-                    "routing needs the real count: fix Topic(partitions=…) in the app. If the topic grew after "
-                    "records were produced, a key's records are split between two partitions: produce them into a "
-                    "new topic with the count you want and start on new state directories"
-                )
-            found[topic.name] = partitions
-        return found
+        try:
+            return check_topics(self._client_config(), self.app, self.bootstrap_servers)
+        except TopicCheckError as exc:
+            raise NodeStartError(str(exc)) from None
 
     def start(self, progress: Progress = log.info, serve_first: bool = False) -> None:
         """Start the node: join the cluster, open and restore its partitions and make what serves them (`open`),
@@ -361,38 +338,19 @@ class Node:
 
     def _membership(self) -> Membership:
         """Return the membership the settings ask for."""
-        settings = self.settings
-        partitions = {t.name: t.partitions for t in self.app.topics if not t.global_table}
-        global_topics = {t.name: t.partitions for t in self.app.topics if t.global_table}
-        if settings.membership == "kafka":
-            from iqgraph.app.cluster.group_membership import GroupMembership
-
-            def replicas() -> dict[tuple[str, int], tuple[str, int | None]]:
-                """Return the state and lag of every hosted partition (none before the pipelines start)."""
-                local, runner = self.local, self.runner
-                if local is None or runner is None:
-                    return {}
-                hosted = [(t, p) for t, ps in list(runner.partitions.items()) if t in partitions for p in list(ps)]
-                return {(t, p): found for t, p in hosted if (found := local.replica(t, p)) is not None}
-
-            return GroupMembership(
-                settings.node_id,
-                settings.url,
-                self.app.name,
-                partitions,
-                self.bootstrap_servers,
-                kafka_config={**self.app.kafka.config, **settings.kafka},
-                standbys=settings.standbys,
-                session_timeout_ms=settings.group_session_timeout_ms,
-                replicas=replicas,
-                global_topics=global_topics,
-                group_protocol=settings.group_protocol,
-            )
         try:
-            members = parse_peers(settings.peers) if settings.peers else [Member(settings.node_id, settings.url)]
-            return StaticMembership(settings.node_id, members, partitions, settings.standbys, global_topics)
+            return membership_for(self.settings, self.app, self.bootstrap_servers, self._replicas)
         except ValueError as exc:
             raise NodeStartError(str(exc)) from None
+
+    def _replicas(self) -> dict[tuple[str, int], tuple[str, int | None]]:
+        """Return the state and lag of every hosted partition of a grouped topic (none before they open)."""
+        local, runner = self.local, self.runner
+        if local is None or runner is None:
+            return {}
+        grouped = {t.name for t in self.app.topics if not t.global_table}
+        hosted = [(t, p) for t, ps in list(runner.partitions.items()) if t in grouped for p in list(ps)]
+        return {(t, p): found for t, p in hosted if (found := local.replica(t, p)) is not None}
 
     def _pipeline(self) -> PipelineInfo | None:
         """Return how the streaming queries are doing: STARTING until they run (Spark starting), then the
@@ -500,15 +458,18 @@ class Node:
 
     def ready(self, info: NodeInfo | None = None) -> bool:
         """Return whether the node answers fresh: its pipeline runs, and every partition is RUNNING, not stalled.
+        While Kafka is away, a pipeline dead or stalled for it does not count: no node has anything newer to apply,
+        and the stores answer (all nodes out of their load balancer at once would answer nothing).
 
         info: the node as ``local.node()`` just returned it (read again when not given).
         """
         if self.state is not NodeState.RUNNING or self.local is None:
             return False
         info = info or self.local.node()
-        if info.pipeline is not None and not info.pipeline.healthy:
+        away = self.kafka_watch is not None and not self.kafka_watch.status().reachable
+        if info.pipeline is not None and not info.pipeline.healthy and not away:
             return False
-        return all(p.state == PartitionState.RUNNING.value and not p.stalled for p in info.partitions)
+        return all(p.state == PartitionState.RUNNING.value and (away or not p.stalled) for p in info.partitions)
 
     def stop(self) -> None:
         """Stop the streaming queries, close every store cleanly, stop Spark (once started, if it is starting)."""

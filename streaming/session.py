@@ -66,6 +66,12 @@ logger.dagscheduler.level = error
 # applied again from the stores' offsets; its WARN came with a Java stack trace.
 logger.shell.name = org.apache.hadoop.util.Shell
 logger.shell.level = error
+# Kafka away: the node's KafkaWatch says so in one line; the Java client's WARN per reconnect (one a second) and the
+# offset reader's retried attempts (with a stack trace) are not said again.
+logger.kafkanet.name = org.apache.kafka.clients.NetworkClient
+logger.kafkanet.level = error
+logger.offsetreader.name = org.apache.spark.sql.kafka010.KafkaOffsetReaderAdmin
+logger.offsetreader.level = error
 """
 
 

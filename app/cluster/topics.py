@@ -20,12 +20,47 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from iqgraph.stores import UserError
 from iqgraph.streaming.changelog import ChangelogError, changelog_topics, ensure_changelog_topics
 from iqgraph.streaming.definitions import App
+from iqgraph.streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
 
 log = logging.getLogger(__name__)
 
 
 class TopicCreationError(UserError, RuntimeError):
     """Kafka refused to create a topic, or could not be reached; the message says which."""
+
+
+class TopicCheckError(UserError, RuntimeError):
+    """A topic cannot be read, or has another partition count than the app declares; the message says what to do."""
+
+
+def check_topics(config: Mapping[str, str], app: App, bootstrap_servers: str) -> dict[str, list[int]]:
+    """Return every topic's partitions; raise TopicCheckError if Kafka or a topic is not as declared."""
+    found: dict[str, list[int]] = {}
+    for topic in app.topics:
+        try:
+            offsets = KafkaOffsets({**config, "socket.connection.setup.timeout.ms": "5000"}, topic.name, timeout=5)
+            partitions = list(offsets.partitions())
+        except KafkaSourceError as exc:
+            raise TopicCheckError(
+                f"cannot read topic {topic.name!r} from Kafka at {bootstrap_servers}: {exc}. "
+                "Check --bootstrap-servers and that the topic exists."
+            ) from None
+        if len(partitions) != topic.partitions:
+            raise TopicCheckError(
+                f"topic {topic.name!r} has {len(partitions)} partitions but the app declares {topic.partitions}; "
+                "routing needs the real count: fix Topic(partitions=…) in the app. If the topic grew after "
+                "records were produced, a key's records are split between two partitions: produce them into a "
+                "new topic with the count you want and start on new state directories"
+            )
+        found[topic.name] = partitions
+    return found
+
+
+def create_app_topics(config: Mapping[str, str], app: App, changelogs_only: bool = False) -> list[str]:
+    """Create the app's missing topics (or only its changelog topics); return a line per topic created."""
+    create = create_changelog_topics if changelogs_only else create_topics
+    kind = "changelog topic" if changelogs_only else "topic"
+    return [f"created {kind} {name} ({partitions} partitions)" for name, partitions in create(config, app).items()]
 
 
 def missing_topics(admin: AdminClient, app: App, timeout: float) -> list[NewTopic]:
