@@ -1,0 +1,107 @@
+"""The Kafka drill (issue 42 part 2): brokers restarted, killed and all gone under three nodes, no answer lost.
+
+A 3-broker Apache Kafka cluster (`KafkaCluster(size=3)`: replication factor 3, min.insync.replicas 2 for the input
+topic and the changelog topics), three `iqgraph serve` nodes of the shop with one standby per partition, an
+idempotent acks=all producer at 40 orders/s and a reader asking each node for every key's order count all along.
+Then: a rolling restart of the three brokers (SIGTERM, start, wait until every replica is in sync, next), a kill -9
+of the broker leading the controller quorum (started again 5 s later), and the whole cluster stopped for 30 s and
+started again. Checked:
+- every answer of the run came without an error, none was null, and none counted more than had been handed to the
+  producer for its key nor less than was acknowledged before the nodes started (a standby or the last known
+  state answers while Kafka is away; its staleness in ``extensions.staleness``);
+- produce -> queryable (from the hand-over of an order to the first answer that counts it) stays <= 10 s at p99
+  through the rolling restart;
+- after each return (each broker of the roll, the killed controller, the whole cluster) every node applied an order
+  acknowledged after it;
+- the brokers acknowledged every order once, at consecutive offsets, and, with the nodes stopped, every copy on
+  every node's disk (actives and standbys, every store) equals the ground truth of the acknowledged orders.
+It prints the figures docs/benchmarks.md records (`bench/kafka_drill.py` prints the same, outside pytest).
+
+Run: ``flock /tmp/iqgraph-spark.lock .venv/bin/python -m pytest -q -s -p no:cacheprovider -m slow
+tests/app/test_kafka_drill.py`` (~5 minutes on two cores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from iqgraph.stores import PartitionState
+from iqgraph.stores.state_dir import StateDirectory
+from iqgraph.streaming.partitioner import partition_for
+from tests.support.kafka_drill import PARTITIONS, Drill, errors_by_kind, figures, percentile, run_drill, wrong
+from tests.support.pipeline import assert_equal_to_ground_truth
+from tests.support.readback import read_back
+
+pytestmark = pytest.mark.slow
+
+FRESH_P99_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
+    yield from run_drill(tmp_path_factory.mktemp("kafka-drill"))
+
+
+def test_every_query_answered_through_broker_restarts_kills_and_a_cluster_outage(drill: Drill) -> None:
+    print("\n" + figures(drill))
+    answers = drill.reader.answers
+    failed = [(a.node, a.errors[:2]) for a in answers if a.errors or "data" not in a.body]
+    assert not failed, f"{len(failed)} of {len(answers)} answers failed: {errors_by_kind(answers)}, e.g. {failed[:3]}"
+    bad = wrong(drill)
+    assert not bad, f"{len(bad)} wrong values, e.g. {bad[:5]}"
+    during_outage = [a for a in answers if drill.down[0] <= a.sent and a.received <= drill.down[1]]
+    assert during_outage, "no answer came while the whole cluster was down"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product defect (issue 42 part 1, reproduced 3 of 3 runs on 2026-11-29): produce -> queryable p99 "
+    "17.9 / 18.6 / 14.0 s through the rolling restart (baseline with every broker up p99 5.2 / 9.1 s); the producer's "
+    "acks stay fast (p99 <= 1.3 s), acknowledged -> queryable is what grows (max 19-20 s, worst while broker 3 "
+    "restarts), while every node keeps applying (no node's actives still > 5 s): one partition's Spark Kafka source "
+    "lags after its leader moves",
+)
+def test_freshness_stays_within_ten_seconds_through_the_rolling_restart(drill: Drill) -> None:
+    roll = drill.freshness(*drill.roll)
+    assert roll, "no order handed over during the roll was asked for"
+    assert percentile(roll, 99) <= FRESH_P99_S, sorted(roll)[-10:]
+
+
+def test_every_node_progresses_after_each_return(drill: Drill) -> None:
+    # run_drill waited for it (AFTER_S at most); here: each of the five returns, every node
+    assert [r.what.split(" (")[0] for r in drill.returns][:3] == [f"broker {b} restarted" for b in (1, 2, 3)]
+    assert len(drill.returns) == 5
+    assert all(len(r.progress) == len(drill.nodes) for r in drill.returns), drill.returns
+
+
+def test_topics_are_replicated_three_times_with_two_in_sync(drill: Drill) -> None:
+    assert drill.topics and all(found == (3, "2") for found in drill.topics.values()), drill.topics
+
+
+def test_every_copy_on_disk_equals_the_ground_truth_of_the_acknowledged_orders(drill: Drill) -> None:
+    acked = sorted(drill.ingest.acked, key=lambda a: (a[1], a[2]))
+    for p in range(PARTITIONS):
+        offsets = [offset for _, partition, offset, _ in acked if partition == p]
+        assert offsets == list(range(len(offsets))), f"partition {p}: not each order once, in order"
+    assert len(acked) == drill.ingest.produced and not drill.ingest.failed
+    events = drill.ingest.acknowledged()
+    copies = 0
+    for node in drill.nodes:
+        directory = StateDirectory(drill.home / f"state-{node.id}", drill.app.name)
+        held = [p for topic, p in directory.partitions_on_disk() if topic == drill.topic]
+        assert len(held) == 2 * PARTITIONS // len(drill.nodes), (node.id, held)
+        partitions = [directory.open(drill.topic, p, drill.app.specs(drill.topic)) for p in held]
+        try:
+            for stores in partitions:
+                stores.db.set_state(PartitionState.RUNNING)
+            actual: Any = read_back(drill.app, partitions)
+            mine = [(k, v) for k, v in events if partition_for(k, PARTITIONS, "string", "murmur2") in held]
+            assert_equal_to_ground_truth(drill.app, actual, mine)
+            copies += len(partitions)
+        finally:
+            for stores in partitions:
+                stores.close()
+    assert copies == 2 * PARTITIONS
