@@ -26,14 +26,24 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import IO, Final
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    ClusterMetadata,
+    NewTopic,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialAlteration,
+    UserScramCredentialUpsertion,
+)
 
 from iqgraph.streaming.broker import BrokerError, exit_with_parent, free_port, free_ports
+from iqgraph.streaming.kafka_client_config import jaas_quote
 
 # What streaming.runner still imports from here (the jars are streaming.kafka_jars): re-exported until it moves.
 from iqgraph.streaming.kafka_jars import (
@@ -50,10 +60,12 @@ from iqgraph.streaming.kafka_jars import (
 
 __all__ = [
     "FETCH_COMMAND",
+    "STANDARD_AUTHORIZER",
     "JVM_OPTIONS",
     "KAFKA_VERSION",
     "ONE_MACHINE_PROPERTIES",
     "SPARK_KAFKA_VERSION",
+    "BrokerSecurity",
     "JarsError",
     "KafkaBroker",
     "KafkaCluster",
@@ -164,10 +176,15 @@ class _Endpoint:
         """Return the bootstrap servers string that clients connect to."""
         raise NotImplementedError
 
+    def admin_config(self) -> dict[str, str]:
+        """Return the librdkafka config of a client with every right: the admin's (plain `bootstrap_servers`)."""
+        return {"bootstrap.servers": self.bootstrap_servers}
+
     def admin(self) -> AdminClient:
-        """Return an AdminClient on `bootstrap_servers`, created on first use."""
+        """Return an AdminClient with `admin_config`, created on first use."""
         if self._admin is None:
-            self._admin = AdminClient({"bootstrap.servers": self.bootstrap_servers}, logger=log)
+            config: dict[str, str | int | float | bool] = {**self.admin_config()}
+            self._admin = AdminClient(config, logger=log)
         return self._admin
 
     def create_topics(
@@ -213,13 +230,97 @@ def _has_leaders(metadata: ClusterMetadata, name: str) -> bool:
     )
 
 
+#: Kafka's ACL authorizer under KRaft.
+STANDARD_AUTHORIZER: Final = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+_SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+_PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+#: A certificate's principal is its CN (User:CN=x,OU=y,O=z would be the whole distinguished name).
+_CN_PRINCIPAL = "RULE:^CN=([^,]+).*$/$1/,DEFAULT"
+_INTERNAL = "INTERNAL"
+
+
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """A secured broker: its client listener speaks protocol, ACLs are on, and only the broker itself is super.
+
+    protocol "SASL_SSL": clients log in with SCRAM-SHA-512 (scram_users, created once the broker runs) or PLAIN
+    (plain_users, in the broker's JAAS config), over TLS. "SSL": mutual TLS, a client's certificate (signed by ca)
+    is its login and its CN its principal (User:<CN>). Either way the broker serves its certificate (certificate,
+    key: PEM, the key PKCS#8 unencrypted), checks clients' against ca (PEM), and talks to itself (controller,
+    inter-broker, `KafkaBroker.admin`) over an internal mutual-TLS listener as the super user User:<principal>,
+    its certificate's CN. ACLs: StandardAuthorizer, nothing allowed that no ACL grants (Kafka's default).
+    """
+
+    protocol: str
+    ca: Path
+    certificate: Path
+    key: Path
+    principal: str
+    scram_users: Mapping[str, str] = field(default_factory=dict)
+    plain_users: Mapping[str, str] = field(default_factory=dict)
+    super_users: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("SASL_SSL", "SSL"):
+            raise ValueError(f"a secured broker's protocol is SASL_SSL or SSL, not {self.protocol!r}")
+
+    def properties(self, host: str, port: int, internal_port: int, controller_port: int) -> dict[str, str]:
+        """Return the broker settings of these listeners, ready for server.properties (escaped)."""
+        protocol = self.protocol
+        supers = [f"User:{self.principal}", *(f"User:{user}" for user in self.super_users)]
+        settings = {
+            "listeners": f"{protocol}://{host}:{port},{_INTERNAL}://{host}:{internal_port},"
+            f"CONTROLLER://{host}:{controller_port}",
+            "advertised.listeners": f"{protocol}://{host}:{port},{_INTERNAL}://{host}:{internal_port}",
+            "inter.broker.listener.name": _INTERNAL,
+            "listener.security.protocol.map": f"{protocol}:{protocol},{_INTERNAL}:SSL,CONTROLLER:SSL",
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.certificate.chain": _escaped(self.certificate.read_text(encoding="ascii")),
+            "ssl.keystore.key": _escaped(self.key.read_text(encoding="ascii")),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": _escaped(str(self.ca)),
+            "ssl.client.auth": "required",
+            "ssl.principal.mapping.rules": _CN_PRINCIPAL,
+            "authorizer.class.name": STANDARD_AUTHORIZER,
+            "super.users": ";".join(supers),
+        }
+        if protocol == "SASL_SSL":
+            listener = "listener.name.sasl_ssl"
+            mechanisms = ["SCRAM-SHA-512", *(["PLAIN"] if self.plain_users else [])]
+            settings[f"{listener}.ssl.client.auth"] = "none"
+            settings[f"{listener}.sasl.enabled.mechanisms"] = ",".join(mechanisms)
+            settings[f"{listener}.scram-sha-512.sasl.jaas.config"] = f"{_SCRAM_MODULE} required;"
+            if self.plain_users:
+                users = " ".join(f"user_{name}={jaas_quote(pw)}" for name, pw in self.plain_users.items())
+                settings[f"{listener}.plain.sasl.jaas.config"] = _escaped(f"{_PLAIN_MODULE} required {users};")
+        return settings
+
+    def admin_config(self, host: str, internal_port: int) -> dict[str, str]:
+        """Return the librdkafka config of the broker's own super-user client (the internal listener)."""
+        return {
+            "bootstrap.servers": f"{host}:{internal_port}",
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(self.ca),
+            "ssl.certificate.location": str(self.certificate),
+            "ssl.key.location": str(self.key),
+        }
+
+
+def _escaped(value: str) -> str:
+    """Return value escaped for a .properties file (read as ISO-8859-1): backslashes, line breaks, non-ASCII."""
+    escaped = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return "".join(ch if ord(ch) < 128 else f"\\u{ord(ch):04x}" for ch in escaped)
+
+
 class KafkaBroker(_Endpoint):
     """An Apache Kafka KRaft broker and controller in one JVM subprocess, listening on loopback ports.
 
     data_dir None runs on a temporary directory deleted by `stop`; a given data_dir is kept, so a broker started
     again on it has the topics and records it had. properties override `ONE_MACHINE_PROPERTIES` and the listener
     settings; heap is the JVM's -Xmx and jvm_options come after `JVM_OPTIONS`. node_id, controller_port,
-    quorum_voters and cluster_id are how `KafkaCluster` builds its members.
+    quorum_voters and cluster_id are how `KafkaCluster` builds its members. security: a secured client listener
+    on port (`BrokerSecurity`: SASL_SSL or mutual TLS, ACLs on) instead of PLAINTEXT; `admin` is then the broker's
+    own super user, on an internal listener.
     """
 
     def __init__(
@@ -236,10 +337,13 @@ class KafkaBroker(_Endpoint):
         cluster_id: str | None = None,
         heap: str = "512m",
         jvm_options: Sequence[str] = (),
+        security: BrokerSecurity | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.controller_port = controller_port or free_ports(1, {self.port}, host)[0]
+        self.security = security
+        self.internal_port = free_ports(1, {self.port, self.controller_port}, host)[0] if security else None
         self.startup_timeout = startup_timeout
         self.data_dir = data_dir
         self.properties = dict(properties or {})
@@ -259,6 +363,12 @@ class KafkaBroker(_Endpoint):
     def bootstrap_servers(self) -> str:
         """Return the bootstrap servers string that clients connect to."""
         return f"{self.host}:{self.port}"
+
+    def admin_config(self) -> dict[str, str]:
+        """Return the librdkafka config of a client with every right (a secured broker's own super user)."""
+        if self.security is None or self.internal_port is None:
+            return super().admin_config()
+        return self.security.admin_config(self.host, self.internal_port)
 
     @property
     def directory(self) -> Path:
@@ -285,12 +395,28 @@ class KafkaBroker(_Endpoint):
         self.launch()
         try:
             self.wait_ready(began + self.startup_timeout)
+            self._add_scram_users()
         except BaseException:
             self.stop()
             raise
         self.ready_seconds = time.monotonic() - began
         log.info("Apache Kafka %s ready on %s in %.1f s", KAFKA_VERSION, self.bootstrap_servers, self.ready_seconds)
         return self
+
+    def _add_scram_users(self) -> None:
+        """Create (or update) a secured broker's SCRAM-SHA-512 users, which KRaft keeps in its metadata log."""
+        if self.security is None or not self.security.scram_users:
+            return
+        credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        upserts: list[UserScramCredentialAlteration] = [
+            UserScramCredentialUpsertion(name, credential, password.encode())
+            for name, password in self.security.scram_users.items()
+        ]
+        for name, future in self.admin().alter_user_scram_credentials(upserts).items():
+            try:
+                future.result(self.startup_timeout)
+            except KafkaException as exc:
+                raise BrokerError(f"could not create SCRAM user {name!r}: {exc}") from exc
 
     def launch(self) -> None:
         """Write the config, format the log dir if it is new, and start the JVM without waiting for it."""
@@ -345,11 +471,18 @@ class KafkaBroker(_Endpoint):
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.log_dir),
             **ONE_MACHINE_PROPERTIES,
+            **self._security_properties(),
             **self.properties,
         }
         path = self.directory / "server.properties"
         path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()), encoding="utf-8")
         return path
+
+    def _security_properties(self) -> dict[str, str]:
+        """Return a secured broker's listener, TLS, SASL and ACL settings (none for a PLAINTEXT one)."""
+        if self.security is None or self.internal_port is None:
+            return {}
+        return self.security.properties(self.host, self.port, self.internal_port, self.controller_port)
 
     def _jvm_options(self, heap: str) -> list[str]:
         """Return the JVM options: `JVM_OPTIONS`, the heap, our log4j2 config, crash files in the data dir, extras."""
