@@ -25,7 +25,13 @@ from iqgraph.app.cluster.membership import ClusterMap, Member, Membership, with_
 from iqgraph.app.cluster.peers import PeerClient
 from iqgraph.app.cluster.replicas import PeerStates
 from iqgraph.app.cluster.topic_watch import TopicWatch
-from iqgraph.app.cluster.topics import TopicCheckError, TopicCreationError, check_topics, create_app_topics
+from iqgraph.app.cluster.topics import (
+    TopicCheckError,
+    TopicCreationError,
+    check_kafka_access,
+    check_topics,
+    create_app_topics,
+)
 from iqgraph.app.live.watch import Live
 from iqgraph.app.metrics import NodeMetrics
 from iqgraph.app.owner.calls import call_many
@@ -33,7 +39,7 @@ from iqgraph.app.owner.runner import OwnerFieldRunner
 from iqgraph.app.pipeline_placement import PipelinePlacement
 from iqgraph.app.query.partitions import LocalPartitions
 from iqgraph.app.query.store_queries import ClusterStoreQueries, RetryPolicy
-from iqgraph.app.restore_progress import RestoreProgress, done_line, ready_in
+from iqgraph.app.restore_progress import ready_in, watch_restore
 from iqgraph.app.security.tls import peer_verify
 from iqgraph.app.settings import Settings
 from iqgraph.app.supervisor import QuerySupervisor
@@ -212,6 +218,11 @@ class Node:
 
     def _check(self, state_dir: StateDirectory, progress: Progress) -> None:
         """Check Kafka and the topics (creating them if asked), and that no other process holds this state dir."""
+        group = self.app.name if self.settings.membership == "kafka" else None
+        try:  # a refused login or right: one line naming the grant, before anything is created or joined
+            check_kafka_access(self._client_config(), self.app, self.settings.changelog, group)
+        except TopicCheckError as exc:
+            raise NodeStartError(str(exc)) from None
         if self.settings.create_topics:
             self._create_topics(progress)
         progress(f"checking Kafka at {self.bootstrap_servers}")
@@ -405,26 +416,15 @@ class Node:
         threading.Thread(target=self.runner.reassign, args=(hosted,), name="reassign", daemon=True).start()
 
     def watch_restore(self, progress: Progress, interval: float = 2.0) -> threading.Thread:
-        """Say how the restore goes every interval, when there is something new to say, until every partition is
-        queryable and the pipeline runs (a thread; ``app.restore_progress``)."""
-        said = RestoreProgress()
-        global_topics = [t.name for t in self.app.topics if t.global_table]
-
-        def watch() -> None:
-            while self.state in (NodeState.STARTING, NodeState.RUNNING) and self.local is not None:
-                info = self.local.node()
-                started = info.pipeline is None or info.pipeline.state != "STARTING"
-                if started and all(p.state == PartitionState.RUNNING.value for p in info.partitions):
-                    progress(done_line(info.partitions, self.ready_in(), global_topics))
-                    return
-                line = said.line(info.partitions, info.pipeline, time.monotonic())
-                if line is not None:
-                    progress(line)
-                time.sleep(interval)
-
-        thread = threading.Thread(target=watch, name="restore-progress", daemon=True)
-        thread.start()
-        return thread
+        """Say how the restore goes until every partition is queryable and the pipeline runs (``watch_restore``)."""
+        return watch_restore(
+            lambda: None if self.local is None else self.local.node(),
+            lambda: self.state in (NodeState.STARTING, NodeState.RUNNING),
+            self.ready_in,
+            [t.name for t in self.app.topics if t.global_table],
+            progress,
+            interval,
+        )
 
     def ready_in(self) -> str:
         """Return how long the node took to be ready, and where the time went when it was slow (``ready_in``)."""

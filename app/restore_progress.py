@@ -11,11 +11,13 @@ Once every partition is queryable, `done_line` says so with the count per topic 
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from iqgraph.schema.types import PartitionInfo, PipelineInfo
+from iqgraph.schema.types import NodeInfo, PartitionInfo, PipelineInfo
 from iqgraph.stores import PartitionState
 
 QUIET_S = 10.0  # a wait with nothing moving is said again after this long
@@ -106,3 +108,31 @@ def ready_in(timings: Mapping[str, float], now: float) -> str:
     return (
         f"{said} (slow: {shown}; most went to {slowest}; Kafka checked and cluster joined in {joined:.1f} s{serving})"
     )
+
+
+def watch_restore(
+    node: Callable[[], NodeInfo | None],
+    starting_or_running: Callable[[], bool],
+    ready_in: Callable[[], str],
+    global_topics: Sequence[str],
+    progress: Callable[[str], None],
+    interval: float = 2.0,
+) -> threading.Thread:
+    """Say how the restore goes every interval, when there is something new to say, until every partition is
+    queryable and the pipeline runs; then `done_line` (a thread, while the node starts or runs)."""
+    said = RestoreProgress()
+
+    def watch() -> None:
+        while starting_or_running() and (info := node()) is not None:
+            started = info.pipeline is None or info.pipeline.state != "STARTING"
+            if started and all(p.state == PartitionState.RUNNING.value for p in info.partitions):
+                progress(done_line(info.partitions, ready_in(), global_topics))
+                return
+            line = said.line(info.partitions, info.pipeline, time.monotonic())
+            if line is not None:
+                progress(line)
+            time.sleep(interval)
+
+    thread = threading.Thread(target=watch, name="restore-progress", daemon=True)
+    thread.start()
+    return thread

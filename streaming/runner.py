@@ -11,7 +11,7 @@ The source is Spark's own Kafka connector by default (``RunnerSettings(source="k
 with the session, ``streaming.session``), reading exactly the owned partitions (``assign``) from the
 stores' offsets, committed records only (``read_committed``); ``source="iqkafka"`` selects the Python Data
 Source over confluent-kafka (``streaming.kafka_source``) instead. The query's checkpoint holds Spark's
-offset log, where the sink reads how far each batch read every partition (``streaming.sink.OffsetLog``).
+offset log, where the sink reads how far each batch read every partition (``streaming.offset_log.OffsetLog``).
 
 With changelogs (``RunnerSettings(changelog=True)``, the default; ``streaming.changelog``), each batch of an active
 copy goes to its changelog in one transaction before the local write; a standby copy runs no pipeline (the
@@ -35,16 +35,17 @@ from py4j.protocol import Py4JError
 from pyspark.errors import StreamingQueryException
 
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
-from iqgraph.streaming.apache_kafka import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.dead_letter import DeadLetterQueue
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.hosted_partitions import Assignment, HostedPartitions, PartitionStatus
 from iqgraph.streaming.kafka_client_config import java_consumer_options
+from iqgraph.streaming.kafka_jars import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError
 from iqgraph.streaming.kafka_offsets import KafkaOffsets
 from iqgraph.streaming.kafka_source import KafkaDataSource
+from iqgraph.streaming.offset_log import OffsetLog
 from iqgraph.streaming.runner_settings import RunnerSettings
-from iqgraph.streaming.sink import BatchObserver, OffsetLog, StoreSink
+from iqgraph.streaming.sink import BatchObserver, StoreSink
 
 __all__ = ["PartitionStatus", "QueryStoppedError", "RunnerSettings", "StreamRunner", "source_options"]
 

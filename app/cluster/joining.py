@@ -1,4 +1,4 @@
-"""The membership a node's settings ask for: Kafka's consumer group (``--membership kafka``) or a static list of peers."""
+"""The membership a node's settings ask for: Kafka's consumer group (``--membership kafka``) or a static peer list."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from iqgraph.stores import UserError
 from iqgraph.streaming.changelog import ChangelogError, changelog_topics, ensure_changelog_topics
 from iqgraph.streaming.definitions import App
+from iqgraph.streaming.kafka_access import KafkaAccessError, app_needs, check_access
 from iqgraph.streaming.kafka_offsets import KafkaOffsets, KafkaSourceError
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,15 @@ def check_topics(config: Mapping[str, str], app: App, bootstrap_servers: str) ->
             )
         found[topic.name] = partitions
     return found
+
+
+def check_kafka_access(config: Mapping[str, str], app: App, changelog: bool, group_id: str | None) -> None:
+    """Raise TopicCheckError (one line naming what to grant) when Kafka refuses the login or a right a node needs
+    (``streaming.kafka_access``); an unreachable Kafka is left to `check_topics` to say."""
+    try:
+        check_access(config, app_needs(app, changelog=changelog, group_id=group_id), timeout=5)
+    except KafkaAccessError as exc:
+        raise TopicCheckError(str(exc)) from None
 
 
 def create_app_topics(config: Mapping[str, str], app: App, changelogs_only: bool = False) -> list[str]:

@@ -57,7 +57,7 @@ def test_every_query_answered_through_broker_restarts_kills_and_a_cluster_outage
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # a known defect: a quiet machine may meet the target, which must not fail the suite
     reason="issue 42 part 1, reproduced 4 of 4 runs on 2026-11-29: produce -> queryable p99 17.9 / 18.6 / 14.0 / "
     "24.0 s through the rolling restart, against 5.2 / 9.1 / 13.5 s with every broker up just before (run 1: no "
     "baseline); acks stay fast (p99 <= 1.0 s), acknowledged -> queryable grows, worst while broker 3 restarts (max "

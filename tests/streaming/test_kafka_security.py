@@ -398,3 +398,25 @@ def test_the_mutual_tls_recipe_runs_a_node(mtls_broker: KafkaBroker, pki: Pki, t
     _, flags = serve_command(doc_blocks("bash")[1])
     assert flags == ["--config", "node.toml"]
     run_recipe(mtls_broker, tmp_path, ["--config", str(tmp_path / "node.toml")], {})
+
+
+@pytest.mark.slow
+def test_a_node_started_with_a_wrong_password_ends_with_one_line_naming_the_login(
+    scram_broker: KafkaBroker, pki: Pki, tmp_path: Path
+) -> None:
+    app_code = doc_blocks("python")[0]
+    app_code = app_code.replace(EXAMPLE_SERVERS, scram_broker.bootstrap_servers).replace(EXAMPLE_DIR, f"{pki.home}/")
+    (tmp_path / "shop_app.py").write_text(app_code)
+    flags = ["--membership", "kafka"]
+    node = start_node(
+        tmp_path, "shop_app", "node-0", free_port("127.0.0.1"), flags, {"IQGRAPH_KAFKA_SASL_PASSWORD": "wrong"}
+    )
+    try:
+        code = node.process.wait(60)
+    finally:
+        node.kill()
+    log = node.log.read_text()
+    assert code != 0, log[-3000:]
+    said = [line for line in log.splitlines() if "refused the SCRAM-SHA-512 login of 'shop-node'" in line]
+    assert len(said) == 1, log[-3000:]
+    assert "Traceback" not in log and "starting Spark" not in log, log[-3000:]  # refused before the JVM starts

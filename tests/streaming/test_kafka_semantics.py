@@ -36,9 +36,10 @@ from iqgraph.streaming.kafka_jars import (
     JarsError,
     ensure_kafka_jars,
 )
+from iqgraph.streaming.offset_log import BatchOffsets, OffsetLog
 from iqgraph.streaming.partitioner import partition_for
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner, source_options
-from iqgraph.streaming.sink import BatchOffsets, OffsetLog, PartitionBatch, StoreSink
+from iqgraph.streaming.sink import PartitionBatch, StoreSink
 
 SOURCES = ("kafka", "iqkafka")
 #: Broker settings under which the log cleaner runs within a second of a segment becoming cleanable.
