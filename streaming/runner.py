@@ -74,7 +74,7 @@ def source_options(
     settings: RunnerSettings, topic: str, owned: list[int], starting: Mapping[int, int]
 ) -> dict[str, str]:
     """Return the reader options for the configured Kafka source over the owned partitions of topic."""
-    client = {**(settings.kafka_config or {}), "bootstrap.servers": settings.bootstrap_servers}
+    client = settings.client_config
     if settings.source == "kafka":  # the JVM client's names for librdkafka's (SASL, SSL, …)
         options = {"kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS)}
         options |= {f"kafka.{k}": str(v) for k, v in java_consumer_options(client).items()}

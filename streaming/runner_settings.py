@@ -31,7 +31,7 @@ class RunnerSettings:
         if self.source not in ("iqkafka", "kafka"):
             raise ValueError(f"source must be 'iqkafka' (ours) or 'kafka' (Spark's JVM connector), not {self.source!r}")
         if self.source == "kafka":  # a setting the JVM client cannot take fails now, in one line, not at a query
-            java_consumer_options({**(self.kafka_config or {}), "bootstrap.servers": self.bootstrap_servers})
+            java_consumer_options(self.client_config)
 
     @property
     def client_config(self) -> dict[str, str]:
