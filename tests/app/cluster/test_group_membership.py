@@ -37,7 +37,7 @@ PARTITIONS = 6
 SESSION_MS = 2000
 PROTOCOLS = pytest.mark.parametrize("protocol", ["classic", "consumer"])
 DEADLINE_S = 20.0
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 Join = Callable[..., GroupMembership]
 

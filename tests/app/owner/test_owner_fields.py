@@ -46,7 +46,7 @@ from tests.schema.conftest import Hosted, close_hosted, open_hosted
 from tests.support.apps import MARKET_TYPES, PARTITIONS, fill_market, market_app, market_orders
 
 RELEASE = threading.Event()
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _stuck(key: str, views: Any) -> float:
