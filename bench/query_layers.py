@@ -17,7 +17,7 @@ path (the schema built with ``compiled=False``, the app with ``compiled=False``)
 
 Then documents at first sight: each request sends a text the node has not seen (the same document with a
 numbered comment), so nothing is cached: a point lookup (it gets a plan), a bad one (an unknown field: no plan,
-refused by validation) and a bad one of 2,600 tokens (the shape of tests/app/test_bad_input's flood). The
+refused by validation) and a bad one of 2,600 tokens (the shape of tests/app/http/test_bad_input's flood). The
 whole request is timed, through the ASGI app.
 
 Usage: ``.venv/bin/python bench/query_layers.py [--seconds S]``; prints a table and, last, one JSON line.

@@ -1,6 +1,6 @@
 """A stop writes nothing alarming: SIGTERM to a node in the middle of its micro-batches, subscribers connected over
 a websocket and over SSE, leaves no traceback, warning or Java stack trace in its log, and the SSE stream ends with
-its `complete` event (Ctrl-C of `iqgraph dev`: tests/app/test_dev.py)."""
+its `complete` event (Ctrl-C of `iqgraph dev`: tests/app/dev/test_dev.py)."""
 
 from __future__ import annotations
 

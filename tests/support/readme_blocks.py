@@ -4,7 +4,7 @@ written for, and Python blocks.
 A block right after a ``<!-- app: NAME -->`` line is a query of ``iqgraph.examples.NAME:app`` as
 ``iqgraph schema`` prints it; an unmarked block queries the shop stores every example shop has (the schema
 tests' shop app runs it compiled and on graphql-core). A block marked ``<!-- app: your_app -->`` queries the app
-the README's "Your own app" walk-through writes: tests/app/test_dev.py runs it on that app. A block may be indented
+the README's "Your own app" walk-through writes: tests/app/dev/test_dev.py runs it on that app. A block may be indented
 (inside a numbered step).
 """
 

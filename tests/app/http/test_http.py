@@ -33,7 +33,7 @@ from tests.support.pipeline import START_MS
 
 LIBRDKAFKA_DEFAULT_PARTITIONER = "consistent_random"
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PARTITIONS = 3
 EVENTS = 3_000
 

@@ -18,7 +18,7 @@ from iqgraph.streaming.definitions import App
 from tests.support.cli import iqgraph
 from tests.support.readme_blocks import readme_queries
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

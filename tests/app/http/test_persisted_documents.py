@@ -1,7 +1,7 @@
 """Trusted documents and Automatic Persisted Queries (``schema.persisted``) over the node's HTTP stack on a real
 uvicorn (``build_asgi``): POST, GET, SSE and graphql-transport-ws; a manifest's documents validated and compiled at
 start; ``only_trusted`` refusing any other document with a code. The real clients' side (Apollo Client, GraphQL
-Code Generator's manifest) is tests/app/test_js_clients.py's."""
+Code Generator's manifest) is tests/schema/test_persisted_clients.py's."""
 
 from __future__ import annotations
 

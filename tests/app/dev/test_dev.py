@@ -31,7 +31,7 @@ from tests.support.cli import iqgraph
 from tests.support.nodes import stop_noise
 from tests.support.readme_blocks import your_app_queries
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 PARTITIONS = 9
 HOTELS = ["alpine", "beach", "city", "dune"]
 

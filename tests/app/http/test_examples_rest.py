@@ -102,7 +102,7 @@ def _stored(value: Any, keyed: frozenset[str]) -> Any:
     return {k: v["key"] if k in keyed and v is not None else v for k, v in value.items()}
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 @pytest.mark.parametrize("filled_example", ["shop"], indirect=True)
