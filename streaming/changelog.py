@@ -78,6 +78,33 @@ CHANGELOG_CONFIG = {
 }
 RESTORE_CHUNK = 20_000  # records per WriteBatch while restoring (not served: batches need not be whole)
 TRANSACTION_TIMEOUT_S = 30.0
+#: How long a batch keeps being sent while Kafka does not take it (a broker restarting, the transaction coordinator
+#: moving, the whole cluster away) before its query dies: Kafka Streams' task.timeout.ms, 5 minutes. An outage
+#: shorter than this is a pause of the pipeline (reads go on from the stores), not a death and a restart.
+OUTAGE_S = 300.0
+#: Errors that mean Kafka is away or moving, not that the batch is wrong: the transaction is aborted and sent again.
+#: A message times out when it waited transaction.timeout.ms (librdkafka caps message.timeout.ms to it); an
+#: idempotent producer whose messages timed out reports OUT_OF_ORDER_SEQUENCE_NUMBER next, which the abort (a new
+#: producer epoch) clears; the messages of a transaction failed so are purged (_PURGE_QUEUE, _PURGE_INFLIGHT).
+_AWAY = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        KafkaError._PURGE_QUEUE,
+        KafkaError._PURGE_INFLIGHT,
+    }
+)
 
 
 def changelog_topic(app: str, topic: str) -> str:
@@ -169,9 +196,18 @@ def changelog_consumer(config: Mapping[str, str]) -> Consumer:
 class ChangelogWriter:
     """The active copy's side: each partition's batches sent to its changelog partition, one transaction each."""
 
-    def __init__(self, config: Mapping[str, str], app: str, topic: str) -> None:
+    def __init__(
+        self,
+        config: Mapping[str, str],
+        app: str,
+        topic: str,
+        transaction_timeout_s: float = TRANSACTION_TIMEOUT_S,
+        outage_s: float = OUTAGE_S,
+    ) -> None:
         self.config = dict(config)
         self.topic = changelog_topic(app, topic)
+        self.transaction_timeout_s = transaction_timeout_s
+        self.outage_s = outage_s
         self._producers: dict[int, Producer] = {}
         self.fenced: dict[int, float] = {}  # partition -> when (time.monotonic()) another copy fenced this writer
         self.sent_bytes = 0
@@ -187,14 +223,14 @@ class ChangelogWriter:
             {
                 **self.config,
                 "transactional.id": f"{self.topic}-{partition}",
-                "transaction.timeout.ms": int(TRANSACTION_TIMEOUT_S * 1000),
+                "transaction.timeout.ms": int(self.transaction_timeout_s * 1000),
                 "linger.ms": 5,
                 "compression.type": "lz4",
             },
             logger=log,
         )
         try:
-            producer.init_transactions(TRANSACTION_TIMEOUT_S)
+            producer.init_transactions(self.transaction_timeout_s)
         except KafkaException as exc:
             raise ChangelogError(f"cannot write changelog {self.topic}[{partition}]: {exc.args[0].str()}") from None
         self._producers[partition] = producer
@@ -229,18 +265,53 @@ class ChangelogWriter:
         )
         return self._send(self._producers[db.partition], db.partition, records) + 1
 
-    def publish(self, partition: int, tx: PartitionTransaction) -> None:
-        """Send tx's records in one transaction, then record in tx where the changelog now ends."""
+    def publish(self, partition: int, tx: PartitionTransaction, stop: Callable[[], bool] = lambda: False) -> None:
+        """Send tx's records in one transaction, then record in tx where the changelog now ends. While Kafka does not
+        take them, send them again for up to outage_s (stop: the query is stopping, give up now)."""
         producer = self._producers.get(partition)
         if producer is None:
             self.fence(partition)
             producer = self._producers[partition]
         records = batch_records(tx)
-        last = self._send(producer, partition, records)
+        last = self._send(producer, partition, records, stop)
         record_position(tx, last + 1)
 
-    def _send(self, producer: Producer, partition: int, records: list[Record]) -> int:
-        """Send records in one transaction; return the offset of the last one."""
+    def _send(
+        self, producer: Producer, partition: int, records: list[Record], stop: Callable[[], bool] = lambda: False
+    ) -> int:
+        """Send records in one transaction; return the offset of the last one. When Kafka is away (`_AWAY`), abort
+        the transaction and send it again until it is taken or outage_s have passed; then (or on any other error)
+        raise ChangelogError, or ChangelogFencedError when another copy writes the partition now."""
+        began = time.monotonic()
+        waiting = False
+        while True:
+            try:
+                offsets = self._send_once(producer, partition, records)
+                break
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                away = isinstance(error, KafkaError) and not error.fatal() and (error.code() in _AWAY)
+                if not away or stop() or time.monotonic() - began > self.outage_s:
+                    self._abandon(producer, partition, exc)
+                if not waiting:
+                    waiting = True
+                    log.warning(
+                        "changelog %s[%d]: Kafka did not take the batch (%s); sending it again until it does (for "
+                        "%.0f s at most), reads go on from the stores",
+                        self.topic,
+                        partition,
+                        error.str(),  # type: ignore[union-attr]
+                        self.outage_s,
+                    )
+                self._abort_to_retry(producer, partition, exc, began, stop)
+        if waiting:
+            log.warning("changelog %s[%d]: batch sent after %.0f s", self.topic, partition, time.monotonic() - began)
+        self.sent_records += len(records)
+        self.sent_bytes += sum(len(k) + len(v or b"") for k, v in records)
+        return max(offsets)
+
+    def _send_once(self, producer: Producer, partition: int, records: list[Record]) -> list[int]:
+        """Send records in one transaction; return their offsets (KafkaException: the transaction is open)."""
         offsets: list[int] = []
         errors: list[KafkaError] = []
 
@@ -251,19 +322,30 @@ class ChangelogWriter:
             else:
                 offsets.append(offset)
 
-        try:
-            producer.begin_transaction()
-            for key, value in records:
-                self._produce(producer, partition, key, value, delivered)
-            producer.flush(TRANSACTION_TIMEOUT_S)
-            if errors or len(offsets) != len(records):
-                raise KafkaException(errors[0] if errors else KafkaError(KafkaError._TIMED_OUT))
-            producer.commit_transaction(TRANSACTION_TIMEOUT_S)
-        except KafkaException as exc:
-            self._abandon(producer, partition, exc)
-        self.sent_records += len(records)
-        self.sent_bytes += sum(len(k) + len(v or b"") for k, v in records)
-        return max(offsets)
+        producer.begin_transaction()
+        for key, value in records:
+            self._produce(producer, partition, key, value, delivered)
+        producer.flush(self.transaction_timeout_s)
+        if errors or len(offsets) != len(records):
+            raise KafkaException(errors[0] if errors else KafkaError(KafkaError._TIMED_OUT))
+        producer.commit_transaction(self.transaction_timeout_s)
+        return offsets
+
+    def _abort_to_retry(
+        self, producer: Producer, partition: int, cause: KafkaException, began: float, stop: Callable[[], bool]
+    ) -> None:
+        """Abort the open transaction, again each second while the coordinator is away; give up (`_abandon`'s
+        errors) when it is fenced, stopping, past outage_s, or the abort fails otherwise."""
+        while True:
+            try:
+                producer.abort_transaction(self.transaction_timeout_s)
+                return
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                retriable = isinstance(error, KafkaError) and error.retriable() and not error.fatal()
+                if not retriable or stop() or time.monotonic() - began > self.outage_s:
+                    self._abandon(producer, partition, exc if not retriable else cause, abort=False)
+                time.sleep(1.0)
 
     def _produce(
         self, producer: Producer, partition: int, key: bytes, value: bytes | None, delivered: Callable[..., None]
@@ -275,8 +357,9 @@ class ChangelogWriter:
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)
 
-    def _abandon(self, producer: Producer, partition: int, exc: KafkaException) -> None:
-        """Abort the transaction (or drop a fenced producer) and raise what the batch's caller is told."""
+    def _abandon(self, producer: Producer, partition: int, exc: KafkaException, abort: bool = True) -> None:
+        """Abort the transaction (or drop a fenced producer, or one whose abort failed: abort False) and raise what
+        the batch's caller is told."""
         error = exc.args[0] if exc.args else None
         fatal = isinstance(error, KafkaError) and error.fatal()
         if fatal:
@@ -287,7 +370,10 @@ class ChangelogWriter:
                 "not applied here"
             ) from None
         try:
-            producer.abort_transaction(TRANSACTION_TIMEOUT_S)
+            if abort:
+                producer.abort_transaction(self.transaction_timeout_s)
+            else:
+                self._producers.pop(partition, None)
         except KafkaException:
             self._producers.pop(partition, None)  # the next batch starts over with a new producer
         raise ChangelogError(f"changelog {self.topic}[{partition}]: the batch was not sent: {exc}") from None
@@ -341,9 +427,12 @@ RESTORES: dict[tuple[str, int], RestoreProgress] = {}
 class Changelogs:
     """The changelog topics of one app: end offsets, restores, the active's writers."""
 
-    def __init__(self, config: Mapping[str, str], app: str) -> None:
+    def __init__(
+        self, config: Mapping[str, str], app: str, transaction_timeout_s: float = TRANSACTION_TIMEOUT_S
+    ) -> None:
         self.config = dict(config)
         self.app = app
+        self.transaction_timeout_s = transaction_timeout_s
         self._offsets: dict[str, KafkaOffsets] = {}
         self._writers: dict[str, ChangelogWriter] = {}
 
@@ -361,7 +450,7 @@ class Changelogs:
     def writer(self, topic: str) -> ChangelogWriter:
         """Return the writer of topic's changelog."""
         if topic not in self._writers:
-            self._writers[topic] = ChangelogWriter(self.config, self.app, topic)
+            self._writers[topic] = ChangelogWriter(self.config, self.app, topic, self.transaction_timeout_s)
         return self._writers[topic]
 
     def restore(

@@ -258,7 +258,7 @@ class StoreSink:
             if tx is None:
                 continue
             if self.changelog is not None and (self.logged is None or partition in self.logged):
-                tx.publish = functools.partial(self.changelog.publish, partition)
+                tx.publish = functools.partial(self.changelog.publish, partition, stop=lambda: self.stopping)
             if batch.last_offset < 0:  # offsets without a record (markers, aborted or compacted away): the offset
                 tx.commit()  # alone, in its own WriteBatch
                 self._committed(partition, end, None)
