@@ -32,7 +32,7 @@ TYPES: dict[str, DataType] = {
     "per_minute": LongType(),
     "items": BooleanType(),
     "top": LongType(),
-    "top_by_item": LongType(),  # a ranking of per_key per item, in apps that add it (tests/app/test_live_rankings)
+    "top_by_item": LongType(),  # a ranking of per_key per item, in apps that add it (tests/app/live/test_live_rankings)
 }
 WATCH = """subscription($keys: [String!]!, $after: [PositionInput!]) {
   perKeyWatch(keys: $keys, after: $after) { key value position { partition offset } dropped snapshot }

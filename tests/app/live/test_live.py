@@ -280,6 +280,6 @@ def test_the_schema_has_a_subscription_field_per_followed_store(shop: LiveShop) 
         "perKeyWatch": (["keys", "after", "maxLag"], "PerKeyChange"),
         "perMinuteWatchWindows": (["keys", "from", "after", "maxLag"], "PerMinuteWindowChange"),
         "itemsWatchContains": (["keys", "maxLag"], "ItemsContained"),
-        "topWatchTop": (["group", "first", "maxLag"], "TopTopChange"),  # tests/app/test_live_rankings
+        "topWatchTop": (["group", "first", "maxLag"], "TopTopChange"),  # tests/app/live/test_live_rankings
     }
     assert str(subscription.fields["perKeyWatch"].args["after"].type) == "[PositionInput!]"
