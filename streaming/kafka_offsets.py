@@ -20,7 +20,7 @@ LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION (a broker behind on the metadat
 leader unsure of its high watermark). So each request here takes at most ATTEMPT_TIMEOUT_S, and the partitions
 that failed so, or got no offset, are asked again after the topic's metadata is refreshed (`list_topics`: librdkafka
 keeps the answer for the next request) and a short backoff, until the call's timeout; then, or at once for any
-other error, `KafkaSourceError`. tests/app/test_kafka_broker_loss.py lists the offsets every 0.1 s through the
+other error, `KafkaSourceError`. tests/e2e/test_kafka_broker_loss.py lists the offsets every 0.1 s through the
 same drill: no error, no wrong offset, the longest call 4–9 s (while no broker led the partition).
 """
 

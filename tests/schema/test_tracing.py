@@ -1,6 +1,6 @@
 """Tracing (``schema.tracing``) in-process, spans kept in memory: a request continues its caller's W3C trace, its span
 is named after the GraphQL operation, its answer names the trace (``traceresponse``); off, nothing is wrapped and
-no header is sent. Three real nodes sharing ONE trace: tests/app/test_cluster.py."""
+no header is sent. Three real nodes sharing ONE trace: tests/e2e/test_cluster.py."""
 
 from __future__ import annotations
 

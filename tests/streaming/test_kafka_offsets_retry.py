@@ -1,7 +1,7 @@
 """KafkaOffsets through a leader move: retriable answers are asked again after fresh metadata, within the timeout.
 
 A fake AdminClient plays what librdkafka answered while a 3-broker cluster lost and got back a partition's leader
-(tests/app/test_kafka_broker_loss.py runs the real thing): FENCED_LEADER_EPOCH, offset -1001 without an error,
+(tests/e2e/test_kafka_broker_loss.py runs the real thing): FENCED_LEADER_EPOCH, offset -1001 without an error,
 LEADER_NOT_AVAILABLE in the metadata. Everything else (the retry loop, backoff, deadline) is the real code.
 """
 
