@@ -311,6 +311,7 @@ class Node:
             pipeline=self._pipeline,
             stall_timeout_s=self.settings.stall_timeout_s,
             owner=OwnerFieldRunner,
+            kafka_away_since=lambda: self.kafka_watch.status().unreachable_since if self.kafka_watch else None,
         )
         self.peers = PeerClient(
             self.settings.node_id,

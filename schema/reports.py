@@ -3,7 +3,8 @@
 Each request has one ``Reports`` (a field of the request context, made before execution): the store
 queries write into it as they read, and ``ClusterReports`` turns it into the response:
 
-- ``extensions.staleness``: each answer a standby gave (store, partition, node, lag);
+- ``extensions.staleness``: each answer a standby gave (store, partition, node, lag), and each a node gave while
+  it could not reach Kafka (with ``kafkaUnreachableSinceSeconds``: the last state it knew);
 - ``extensions.positions`` (when the request asks, ``"extensions": {"positions": true}``): per topic and
   partition, the applied offset of the data read — the lowest, if several reads of one request saw a
   partition at different offsets — so a client can check that its own write is included (read your
@@ -40,9 +41,13 @@ class Reports:
     partial: list[dict[str, Any]] = field(default_factory=list)
     positions: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def stale(self, store: str, partition: int, node: str, lag: int) -> None:
-        """Record that a standby answered for store's partition, lag records behind."""
-        entry = {"store": store, "partition": partition, "node": node, "lag": lag}
+    def stale(self, store: str, partition: int, node: str, lag: int, kafka_away_since: float | None = None) -> None:
+        """Record that a standby answered for store's partition, lag records behind; or any copy whose node has
+        not reached Kafka since kafka_away_since (unix time): the last state it knew, lag as of its last end
+        offsets."""
+        entry: dict[str, Any] = {"store": store, "partition": partition, "node": node, "lag": lag}
+        if kafka_away_since is not None:
+            entry["kafkaUnreachableSinceSeconds"] = kafka_away_since
         if entry not in self.staleness:
             self.staleness.append(entry)
 

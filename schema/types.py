@@ -170,6 +170,8 @@ class Answer(Generic[T]):
     value: T
     positions: dict[int, int] = field(default_factory=dict)  # partition -> applied offset, read before the data
     lags: dict[int, int] = field(default_factory=dict)  # partition -> records behind the topic's end
+    #: since when (unix time) the serving node has not reached Kafka: its copy is the last state it knew
+    kafka_away_since: float | None = None
 
 
 class PeerQueries(Protocol):

@@ -201,15 +201,20 @@ def decode_item(item: list[Any], windowed: bool) -> Any:
 
 
 def _marks(answer: Answer[Any]) -> dict[str, Any]:
-    return {
+    marks: dict[str, Any] = {
         "positions": {str(p): o for p, o in answer.positions.items()},
         "lags": {str(p): lag for p, lag in answer.lags.items()},
     }
+    if answer.kafka_away_since is not None:
+        marks["kafkaAwaySince"] = answer.kafka_away_since
+    return marks
 
 
-def _read_marks(data: Mapping[str, Any]) -> tuple[dict[int, int], dict[int, int]]:
+def _read_marks(data: Mapping[str, Any]) -> tuple[dict[int, int], dict[int, int], float | None]:
     positions = {int(p): int(o) for p, o in (data.get("positions") or {}).items()}
-    return positions, {int(p): int(lag) for p, lag in (data.get("lags") or {}).items()}
+    away = data.get("kafkaAwaySince")
+    lags = {int(p): int(lag) for p, lag in (data.get("lags") or {}).items()}
+    return positions, lags, None if away is None else float(away)
 
 
 def encode_lookup(answer: Answer[list[Any]]) -> dict[str, Any]:

@@ -100,7 +100,7 @@ async def call_many(queries: ClusterStoreQueries, field: str, keys: Sequence[Key
             answer = await queries.peers.call(url, field, calls, queries.principal)
         values = per_batch(list(group.reads), routed.members, answer.value)
         found = {b: _batch(part, tuple(sorted(group.reads[b]))) for b, part in zip(group.reads, values, strict=True)}
-        return Answer(found, answer.positions, answer.lags)
+        return Answer(found, answer.positions, answer.lags, answer.kafka_away_since)
 
     found = await queries.run(definition, max_lag, routed.needs(), ask, _holding)
     for b, value in found.items():

@@ -345,7 +345,7 @@ class OwnerFieldRunner:
         groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
         for i, (_, partitions) in enumerate(calls):
             groups[tuple(sorted(partitions))].append(i)
-        answer: Answer[list[Any]] = Answer([None] * len(calls))
+        answer: Answer[list[Any]] = Answer([None] * len(calls), kafka_away_since=self.local.kafka_away_since())
         runs: list[int] = []
         jobs: list[tuple[Key, StoreViews, bool]] = []
         for partitions, indexes in groups.items():

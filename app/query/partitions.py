@@ -70,9 +70,11 @@ class LocalPartitions:
         stall_timeout_s: float | None = None,
         clock: Callable[[], float] = time.time,
         owner: Callable[[LocalPartitions], OwnerFieldCalls] | None = None,
+        kafka_away_since: Callable[[], float | None] | None = None,
     ) -> None:
         """Args (beyond the module's docstring): owner makes the runner of the app's owner-side fields over
-        these partitions (``app.owner.runner.OwnerFieldRunner``; None: this node runs none)."""
+        these partitions (``app.owner.runner.OwnerFieldRunner``; None: this node runs none); kafka_away_since
+        says since when this node has not reached Kafka (None: it does), which every answer carries."""
         self.app = app
         self.partitions = partitions
         self.node_id = node_id
@@ -84,6 +86,7 @@ class LocalPartitions:
         self.stall_timeout_s = stall_timeout_s
         self._clock = clock
         self._owner = owner
+        self.kafka_away_since = kafka_away_since or (lambda: None)
 
     # -- what this node hosts -----------------------------------------------------------------------
 
@@ -175,7 +178,7 @@ class LocalPartitions:
                 merged = [combine(a, b) for a, b in zip(merged, values, strict=True)]
             for i, value in zip(indexes, merged or [None] * len(indexes), strict=True):
                 results[i] = value
-        return Answer(results, positions, lags)
+        return Answer(results, positions, lags, self.kafka_away_since())
 
     def scan_pages(
         self, store: str, scan: Scan, positions: Mapping[int, str | None], first: int, partitions: Sequence[int]
@@ -191,7 +194,7 @@ class LocalPartitions:
                 )
             except StoreError as exc:
                 pages[p] = exc
-        return Answer(pages, read_at, lags)
+        return Answer(pages, read_at, lags, self.kafka_away_since())
 
     def count(
         self, store: str, partitions: Sequence[int], exact: bool = True
@@ -211,7 +214,7 @@ class LocalPartitions:
                 counts[p] = found if isinstance(found, StoreError) else found.store(store).read_count(exact, distinct)
             except StoreError as exc:
                 counts[p] = exc
-        return Answer(counts, read_at, lags)
+        return Answer(counts, read_at, lags, self.kafka_away_since())
 
     # -- owner-side fields ----------------------------------------------------------------------------
 

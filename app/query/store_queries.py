@@ -240,9 +240,10 @@ class ClusterStoreQueries:
                 if stale:
                     found[i] = Unserved(beyond[stale[0]], stale)
                     continue
-                if server.stale and not isinstance(value, Exception):
+                away = answer.kafka_away_since  # an active answers too, from the last state it knew
+                if (server.stale or away is not None) and not isinstance(value, Exception):
                     for p in partitions:
-                        self.reports.stale(definition.name, p, server.node, answer.lags.get(p, 0))
+                        self.reports.stale(definition.name, p, server.node, answer.lags.get(p, 0), away)
                 found[i] = value
             return found
 
@@ -293,7 +294,8 @@ class ClusterStoreQueries:
                 url = self.replicas.url_of(server.node)
                 answer = await self.peers.lookup(url, store, reads, windowed, self.principal)
             values = per_batch(list(group.reads), routed.members, answer.value)
-            return Answer(dict(zip(group.reads, map(_first_error, values), strict=True)), answer.positions, answer.lags)
+            found = dict(zip(group.reads, map(_first_error, values), strict=True))
+            return Answer(found, answer.positions, answer.lags, answer.kafka_away_since)
 
         found = await self.run(definition, max_lag, routed.needs(), ask, _each(combiner(definition)))
         for b, value in found.items():

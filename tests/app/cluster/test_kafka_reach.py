@@ -121,6 +121,7 @@ def test_lags_stay_those_of_the_end_offsets_last_read_while_kafka_is_away(
 
 
 APPLIED = "{ node { partitions { topic partition appliedOffset endOffset } } }"
+LOOKUP = '{ orderCount { get(key: "customer-0001") } }'
 
 
 @pytest.mark.slow
@@ -144,6 +145,7 @@ def test_a_node_says_at_readyz_and_metrics_that_kafka_is_away_since_when_and_kee
         assert before.value("iqgraph_kafka_reachable") == 1
         assert before.labels("iqgraph_kafka_unreachable_since_seconds") == []
         assert _ends(before) == 300
+        assert "staleness" not in node.post(LOOKUP).get("extensions", {})
 
         own_broker.kill()
         killed = time.time()
@@ -163,6 +165,13 @@ def test_a_node_says_at_readyz_and_metrics_that_kafka_is_away_since_when_and_kee
         assert away.value("iqgraph_kafka_unreachable_since_seconds") == since
         assert _ends(away) == 300, "the end offsets last read are kept"
         assert _lags(away) == _lags(before)
+        # a query answers from the last state the node knew, and says so (issue 42 part 2)
+        answered = node.post(LOOKUP)
+        assert "errors" not in answered and answered["data"]["orderCount"]["get"] is not None, answered
+        staleness = answered["extensions"]["staleness"]
+        assert [(e["store"], e["node"], e["kafkaUnreachableSinceSeconds"]) for e in staleness] == [
+            ("order_count", "node-0", since)
+        ], staleness
         print(f"\n/readyz during the outage: {statuses}")
 
         own_broker.start()
@@ -173,6 +182,7 @@ def test_a_node_says_at_readyz_and_metrics_that_kafka_is_away_since_when_and_kee
         back = node.metrics()
         assert back.value("iqgraph_kafka_reachable") == 1
         assert back.labels("iqgraph_kafka_unreachable_since_seconds") == []
+        assert "staleness" not in node.post(LOOKUP).get("extensions", {})
     finally:
         node.kill()
 
