@@ -1,6 +1,6 @@
 """The Kafka drill of issue 42 as a benchmark: its figures, outside pytest.
 
-What it runs is tests/support/kafka_drill.py's `run_drill` (the slow test tests/app/test_kafka_drill.py checks the
+What it runs is tests/support/kafka_drill.py's `run_drill` (the slow test tests/e2e/test_kafka_drill.py checks the
 same run): a 3-broker Apache Kafka cluster (RF 3, min.insync.replicas 2), three shop nodes with one standby per
 partition (``local[1]`` Spark, 768 MB each), an idempotent acks=all producer at 40 orders/s and a reader of every
 key on every node; a rolling restart of the brokers, a kill -9 of the controller leader, the whole cluster down for

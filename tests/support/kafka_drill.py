@@ -2,7 +2,7 @@
 acks=all idempotent producer and a reader of every key, through a rolling restart of the brokers, a kill -9 of the
 active controller, and the whole cluster down for 30 s.
 
-`run_drill` runs it and returns what it saw (`Drill`); tests/app/test_kafka_drill.py checks it and
+`run_drill` runs it and returns what it saw (`Drill`); tests/e2e/test_kafka_drill.py checks it and
 bench/kafka_drill.py prints its figures. Everything is real: the brokers are `KafkaCluster` members (each restarted
 on its own data directory), the nodes `iqgraph serve` processes, the reader plain HTTP.
 """

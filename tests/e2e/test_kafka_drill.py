@@ -18,7 +18,7 @@ started again. Checked:
 It prints the figures docs/benchmarks.md records (`bench/kafka_drill.py` prints the same, outside pytest).
 
 Run: ``flock /tmp/iqgraph-spark.lock .venv/bin/python -m pytest -q -s -p no:cacheprovider -m slow
-tests/app/test_kafka_drill.py`` (~5 minutes on two cores).
+tests/e2e/test_kafka_drill.py`` (~5 minutes on two cores).
 """
 
 from __future__ import annotations
