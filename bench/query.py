@@ -29,7 +29,8 @@ One run, all on this machine:
 Targets (printed, not asserted): GraphQL point lookups ≥ 0.5 of the raw endpoint's rate; getMany of
 1,000 local keys ≤ 5 ms p50.
 
-Usage: ``make bench-query`` or ``.venv/bin/python bench/query.py [--events N] [--duration S] [--rounds R]``.
+Usage: ``make bench-query`` or ``.venv/bin/python bench/query.py [--events N] [--duration S] [--rounds R]``;
+``--compiled TREE`` adds a second node running mypyc-compiled modules from TREE beside the first (issue 44).
 """
 
 from __future__ import annotations
@@ -550,6 +551,17 @@ def report(args: argparse.Namespace, figures: dict[str, Any], runs: dict[str, li
         print(f"tracing (point lookup, two nodes side by side): off {tracing['off_cpu_us']:.0f} µs CPU/request, "
               f"on {tracing['on_cpu_us']:.0f} µs (+{tracing['added_cpu_us']:.0f} µs); req/s off {tracing['off_rps']:,}"
               f", on {tracing['on_rps']:,}")  # fmt: skip
+    compiled = figures.get("compiled")
+    if compiled:
+        print(f"interpreted beside compiled ({compiled['extension_modules']} extension modules), node CPU per request:")
+        for point in ("graphql_post", "graphql_trusted", "raw"):
+            i, c = compiled[point]["interpreted"], compiled[point]["compiled"]
+            fewer = i["cpu_us"] / c["cpu_us"]
+            print(f"  {point:<16} {i['cpu_us']:>6,.0f} → {c['cpu_us']:>6,.0f} µs ({fewer:.2f}× fewer)"
+                  f"   req/s {i['rps']:>7,} → {c['rps']:>7,}")  # fmt: skip
+        i, c = compiled["getmany_inline_interpreted"], compiled["getmany_inline_compiled"]
+        print(f"  getMany 1,000 keys p50 {i['p50_ms']:.2f} → {c['p50_ms']:.2f} ms, node CPU"
+              f" {i['cpu_ms_per_request']:.2f} → {c['cpu_ms_per_request']:.2f} ms/request")  # fmt: skip
     existing = figures["getmany_existing_keys"]
     print(f"getMany 1,000 keys ({existing} existing, {1000 - existing} missing), {args.samples} sequential requests:")
     for label, m in (("inline", inline), ("variables", variables)):
@@ -626,6 +638,11 @@ def parse_args() -> argparse.Namespace:
         "--tracing", action="store_true", help="also a second node with IQGRAPH_TRACING=true: the point lookup's CPU "
         "on both, side by side (spans exported to an in-process OTLP receiver)",
     )  # fmt: skip
+    parser.add_argument(
+        "--compiled", type=Path, metavar="TREE", help="also a second node importing iqgraph from TREE first (the "
+        "package laid out with mypyc-compiled modules beside its .py files, issue 44; checked to have loaded them): "
+        "the point lookups and getMany on both nodes, side by side",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.client == "auto":
         args.client = "wrk" if shutil.which("wrk") else "python"
@@ -675,9 +692,84 @@ def main() -> None:
             figures, runs = measure(args, node, events, Path(tmp))
             if args.tracing:
                 figures["tracing"] = tracing_side_by_side(args, node, broker.bootstrap_servers, topic, events, tmp)
+            if args.compiled:
+                figures["compiled"] = compiled_side_by_side(args, node, broker.bootstrap_servers, topic, events, tmp)
         finally:
             node.stop()
     report(args, figures, runs)
+
+
+def alternate(
+    args: argparse.Namespace, nodes: dict[str, NodeProcess], points: list[Endpoint], workdir: Path
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Run each endpoint on each node in turn, args.rounds times after a warm-up round; return per endpoint and
+    node the runs, each with the node's CPU per request (cpu_us)."""
+    scripts = {e.name: wrk_script(workdir, e) for e in points} if args.client == "wrk" else {}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {e.name: {name: [] for name in nodes} for e in points}
+    for round_ in range(args.rounds + 1):  # the first round warms every node up
+        for point in points:
+            for name, node in nodes.items():
+                assert node.process is not None
+                before = cpu_seconds(node.process.pid)
+                duration = args.warmup if round_ == 0 else args.duration
+                if point.name in scripts:
+                    result = run_wrk(node.url, point, scripts[point.name], args, duration)
+                else:
+                    result = run_python(node.url, point, args, duration)
+                result["cpu_us"] = (cpu_seconds(node.process.pid) - before) / max(result["requests"], 1) * 1e6
+                if round_:
+                    runs[point.name][name].append(result)
+                    print(f"  {point.name:<19} {name:<11} {result['rps']:>9,.0f} req/s"
+                          f"  {result['cpu_us']:>6,.0f} µs CPU/req", flush=True)  # fmt: skip
+    return runs
+
+
+def loaded_from(pid: int, tree: Path) -> list[str]:
+    """Return the extension modules (.so) process pid has mapped from under tree."""
+    prefix = str(tree.resolve())
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return sorted({line.split()[-1] for line in maps if line.split()[-1].startswith(prefix) and ".so" in line})
+
+
+def compiled_side_by_side(
+    args: argparse.Namespace, interpreted: NodeProcess, bootstrap: str, topic: str, events: list[Any], tmp: str
+) -> dict[str, Any]:
+    """Start a second node importing iqgraph from args.compiled first (PYTHONSAFEPATH: not the repository's
+    sources), check that it loaded compiled modules and answers as the first; run the point lookups (POST, trusted
+    documentId, raw) on both nodes alternately, then getMany of 1,000 keys on each; return the medians."""
+    workdir = Path(tmp) / "compiled"
+    workdir.mkdir()
+    env = {"PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join([str(args.compiled.resolve()), str(workdir)])}
+    compiled = NodeProcess(workdir, bootstrap, topic, free_port(), args.master, env)
+    compiled.start()
+    counts = collections.Counter(k for k, _ in events)
+    figures: dict[str, Any] = {}
+    try:
+        with httpx.Client(timeout=30.0) as client:
+            compiled.wait_caught_up(client, len(events), args.timeout)
+            check_answers(client, compiled.url, KEY, counts[KEY])
+            assert compiled.process is not None and interpreted.process is not None
+            modules = loaded_from(compiled.process.pid, args.compiled)
+            if not modules:
+                raise RuntimeError(f"the compiled node loaded no extension module from {args.compiled}")
+            print(f"compiled node: {len(modules)} extension modules from {args.compiled}", flush=True)
+            nodes = {"interpreted": interpreted, "compiled": compiled}
+            points = [e for e in endpoints(KEY) if e.name in ("graphql_post", "graphql_trusted", "raw")]
+            runs = alternate(args, nodes, points, workdir)
+            keys = many_keys()
+            for name, node in nodes.items():
+                assert node.process is not None
+                measured = get_many_latency(client, node.url, keys, counts, args.samples, True, node.process.pid)
+                figures[f"getmany_inline_{name}"] = _latency(measured)
+    finally:
+        compiled.stop()
+    for point, by_node in runs.items():
+        figures[point] = {
+            name: {"cpu_us": round(_median(r, "cpu_us"), 1), "rps": round(_median(r, "rps"))}
+            for name, r in by_node.items()
+        }
+    figures["extension_modules"] = len(modules)
+    return figures
 
 
 def tracing_side_by_side(
@@ -695,21 +787,7 @@ def tracing_side_by_side(
             with httpx.Client(timeout=30.0) as client:
                 on.wait_caught_up(client, len(events), args.timeout)
             [point] = [e for e in endpoints(KEY) if e.name == "graphql_post"]
-            script = wrk_script(workdir, point) if args.client == "wrk" else None
-            runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-            for round_ in range(args.rounds + 1):  # the first round warms both up
-                for name, node in (("off", off), ("on", on)):
-                    assert node.process is not None
-                    before = cpu_seconds(node.process.pid)
-                    duration = args.warmup if round_ == 0 else args.duration
-                    if script is not None:
-                        result = run_wrk(node.url, point, script, args, duration)
-                    else:
-                        result = run_python(node.url, point, args, duration)
-                    result["cpu_us"] = (cpu_seconds(node.process.pid) - before) / max(result["requests"], 1) * 1e6
-                    if round_:
-                        runs[name].append(result)
-                        print(f"  tracing {name:<3} {result['rps']:>9,.0f} req/s  {result['cpu_us']:>6,.0f} µs CPU/req")
+            runs = alternate(args, {"off": off, "on": on}, [point], workdir)["graphql_post"]
         finally:
             on.stop()
         exported = len(received.spans)
