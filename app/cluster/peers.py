@@ -38,6 +38,8 @@ from iqgraph.app.security.peer_auth import PeerSigner
 from iqgraph.schema import tracing, wire
 from iqgraph.schema.access import Principal
 from iqgraph.schema.errors import NODE_UNAVAILABLE
+from iqgraph.schema.live import peer_streams
+from iqgraph.schema.live.peer_streams import Rows
 from iqgraph.schema.types import Answer, NodeInfo, Read, Scan
 from iqgraph.schema.wire import (
     CHANGES_PATH,
@@ -46,7 +48,6 @@ from iqgraph.schema.wire import (
     HEARTBEAT_S,
     INTERNAL_PATH,
     PEER_TIMEOUT_S,
-    Rows,
     encode_json,
 )
 
@@ -317,14 +318,14 @@ class PeerClient:
     # -- live streams (the follower's side; the owner's: app.live.stream) ----------------------------------
 
     async def follow(self, url: str, body: bytes, caller: Principal) -> AsyncIterator[Rows]:
-        """Yield the rows a peer streams for a follow request (``wire.encode_follow``; see ``stream``)."""
+        """Yield the rows a peer streams for a follow request (``peer_streams.encode_follow``; see ``stream``)."""
         async with contextlib.aclosing(self.stream(url, FOLLOW_PATH, body, caller)) as events:  # type: ignore[type-var]
             async for event in events:
-                yield wire.decode_rows(event)
+                yield peer_streams.decode_rows(event)
 
     async def changes(self, url: str, store: str, caller: Principal) -> AsyncIterator[int]:
         """Yield the counts of changed keys a peer streams for store (see ``stream``)."""
-        body = wire.encode_changes(store)
+        body = peer_streams.encode_changes(store)
         async with contextlib.aclosing(self.stream(url, CHANGES_PATH, body, caller)) as events:  # type: ignore[type-var]
             async for event in events:
                 yield int(event["n"])

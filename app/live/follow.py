@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 
 from iqgraph.schema.errors import STORE_NOT_READY, ApiError, api_error, limit_exceeded
-from iqgraph.schema.wire import Interest, Row, Rows
+from iqgraph.schema.live.peer_streams import Interest, Row, Rows
 from iqgraph.stores import Key, PartitionStores, StoreError, StoreMigratedError
 from iqgraph.streaming.change_feed import ChangeFeed
 from iqgraph.streaming.change_set import Change

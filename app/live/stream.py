@@ -21,6 +21,7 @@ from typing import Any
 
 from iqgraph.schema import wire
 from iqgraph.schema.access import PRINCIPAL_SCOPE_KEY, Principal
+from iqgraph.schema.live import peer_streams
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class StreamEndpoint:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is the stream's one error event
-            await events.put(wire.encode_failure(exc))
+            await events.put(peer_streams.encode_failure(exc))
         await events.put(None)
 
 
@@ -99,12 +100,12 @@ def follow_events(live: Any) -> Callable[[bytes, Principal], AsyncIterator[bytes
     """Return the events of ``/internal/follow``: the rows of ``live.serving.follow`` (``app.live.serving``)."""
 
     async def events(body: bytes, caller: Principal) -> AsyncIterator[bytes]:
-        topic, interest, after, window_from, standby = wire.decode_follow(body)
+        topic, interest, after, window_from, standby = peer_streams.decode_follow(body)
         async with contextlib.aclosing(
             live().serving.follow(topic, interest, after, window_from, standby, caller)
         ) as rows:
             async for found in rows:
-                yield wire.encode_rows(found)
+                yield peer_streams.encode_rows(found)
 
     return events
 
@@ -114,10 +115,10 @@ def changes_events(live: Any) -> Callable[[bytes, Principal], AsyncIterator[byte
     (``app.live.store_changes``)."""
 
     async def events(body: bytes, caller: Principal) -> AsyncIterator[bytes]:
-        store = wire.decode_changes(body)
+        store = peer_streams.decode_changes(body)
         async with contextlib.aclosing(live().changes.here(store, principal=caller)) as counts:
             async for n in counts:
-                yield wire.encode_changed(n)
+                yield peer_streams.encode_changed(n)
 
     return events
 

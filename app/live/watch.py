@@ -38,10 +38,11 @@ from iqgraph.app.live.serving import Serving, watchable
 from iqgraph.app.live.store_changes import StoreChanges
 from iqgraph.app.live.values import WatchedKeys
 from iqgraph.app.query import routing
-from iqgraph.app.query.executor import Failover, Replicas, batches
-from iqgraph.schema import wire
+from iqgraph.app.query.batches import batches
+from iqgraph.app.query.executor import Failover, Replicas
 from iqgraph.schema.access import ANONYMOUS, Principal, check_read
 from iqgraph.schema.errors import ApiError, api_error
+from iqgraph.schema.live import peer_streams
 from iqgraph.schema.types import LiveChange
 from iqgraph.stores import Key
 from iqgraph.streaming.change_feed import ChangeFeed
@@ -187,7 +188,7 @@ class Live:
             url = queries.url_of(node)
             if url is None:
                 raise PeerUnavailableError(f"node {node} is not a member of the cluster any more")
-            body = wire.encode_follow(topic, interest, {}, window_from, standby)
+            body = peer_streams.encode_follow(topic, interest, {}, window_from, standby)
             return peers.follow(url, body, caller)
 
         return open_stream

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from iqgraph.app.catalog import definition_of
 from iqgraph.app.owner.runner import owner_field_of
 from iqgraph.app.query import routing
-from iqgraph.app.query.executor import batches, per_batch
+from iqgraph.app.query.batches import batches, per_batch
 from iqgraph.schema import wire
 from iqgraph.schema.access import check_read
 from iqgraph.schema.errors import PARTITIONER_MISMATCH, ApiError, api_error, fails_over

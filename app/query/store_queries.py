@@ -28,6 +28,7 @@ from iqgraph.app.cluster.membership import ClusterMap, Membership
 from iqgraph.app.cluster.peers import PeerClient
 from iqgraph.app.cluster.replicas import PeerStates
 from iqgraph.app.query import routing
+from iqgraph.app.query.batches import batches, per_batch
 from iqgraph.app.query.executor import (
     Accept,
     Ask,
@@ -35,10 +36,8 @@ from iqgraph.app.query.executor import (
     Failover,
     RetryPolicy,
     Unserved,
-    batches,
     beyond_bound,
     execute,
-    per_batch,
 )
 from iqgraph.app.query.merging import combiner, finalize_items, finalize_many, scan_merge
 from iqgraph.app.query.partitions import LocalPartitions
