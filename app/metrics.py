@@ -61,7 +61,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from iqgraph.schema.metrics import GraphQLMetrics, metric_code
 from iqgraph.stores import PartitionState
-from iqgraph.streaming.changelog import RESTORES, RestoreProgress
+from iqgraph.stores.changelog import RESTORES, RestoreProgress
 from iqgraph.streaming.kafka_offsets import KafkaSourceError
 from iqgraph.streaming.kafka_watch import KafkaStatus
 

@@ -290,9 +290,9 @@ class Node:
     def _start_serving(self, runner: StreamRunner) -> None:
         """Make what serves reads, owner-side fields and subscriptions over the runner's partitions."""
         assert self.membership is not None  # noqa: S101 - joined
-        self.kafka_watch = KafkaWatch(self._client_config())
-        self.kafka_watch.start()
-        self.supervisor = QuerySupervisor(runner, kafka_reachable=self.kafka_watch.reachable)
+        watch = self.kafka_watch = KafkaWatch(self._client_config())
+        watch.start()
+        self.supervisor = QuerySupervisor(runner, kafka_reachable=watch.reachable)
         self.topic_watch = TopicWatch(
             runner.partitions,
             lambda topic, ps: runner.offsets(topic).latest(ps),
@@ -311,7 +311,7 @@ class Node:
             pipeline=self._pipeline,
             stall_timeout_s=self.settings.stall_timeout_s,
             owner=OwnerFieldRunner,
-            kafka_away_since=lambda: self.kafka_watch.status().unreachable_since if self.kafka_watch else None,
+            kafka_away_since=lambda: watch.status().unreachable_since,
         )
         self.peers = PeerClient(
             self.settings.node_id,
@@ -365,8 +365,7 @@ class Node:
         return {(t, p): found for t, p in hosted if (found := local.replica(t, p)) is not None}
 
     def _pipeline(self) -> PipelineInfo | None:
-        """Return how the streaming queries are doing: STARTING until they run (Spark starting), then the
-        supervisor's account."""
+        """Return how the streaming queries are doing: STARTING until they run, then the supervisor's account."""
         if self.runner is None or not self.runner.started or self.supervisor is None:
             return PipelineInfo("STARTING")
         return self.supervisor.status()

@@ -47,9 +47,10 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from iqgraph.examples.shop import ITEMS, build_app  # noqa: E402
 from iqgraph.stores import PartitionState, StateDirectory  # noqa: E402
+from iqgraph.stores.changelog import RESTORES  # noqa: E402
 from iqgraph.streaming.apache_kafka import KafkaBroker  # noqa: E402
 from iqgraph.streaming.broker import JAVA_PARTITIONER  # noqa: E402
-from iqgraph.streaming.changelog import CHANGELOG_CONFIG, RESTORES, changelog_topic  # noqa: E402
+from iqgraph.streaming.changelog import CHANGELOG_CONFIG, changelog_topic  # noqa: E402
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner  # noqa: E402
 from iqgraph.streaming.session import build_spark_session  # noqa: E402
 

@@ -11,12 +11,16 @@ once — what lets a restore start at any batch boundary it has recorded and rea
 
 A replica records where it is in the changelog (``changelog_next``, the next changelog offset to read) in the same
 WriteBatch as what it applied; that key is local and never sent.
+``RestoreProgress``: how far a copy's restore is (records, bytes, rate, ETA), one per partition in ``RESTORES``,
+which the metrics and the progress line read.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from rocksdict import ColumnFamily, WriteBatch
 
@@ -105,3 +109,42 @@ def apply_records(db: PartitionDB, records: Iterable[Record], next_changelog_off
     batch.put(CHANGELOG_NEXT_KEY, encode_int64(next_changelog_offset), db.handle(META_CF))
     db.write_restored(batch)
     return written
+
+
+@dataclass
+class RestoreProgress:
+    """How far a copy's restore from its changelog is: records and bytes applied, of how many."""
+
+    topic: str
+    partition: int
+    start: int  # the changelog offset it started at
+    target: int  # the changelog's last stable offset when it started
+    records: int = 0
+    bytes: int = 0
+    position: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def rate(self) -> float:
+        """Return the records applied per second so far."""
+        return self.records / max(time.monotonic() - self.started, 1e-6)
+
+    @property
+    def eta_s(self) -> float | None:
+        """Return the seconds left at the rate so far (None before any record)."""
+        if not self.records:
+            return None
+        return max(self.target - self.position, 0) / max(self.rate, 1e-6)
+
+    def line(self) -> str:
+        """Return the progress as one log line."""
+        eta = self.eta_s
+        return (
+            f"restoring {self.topic}-{self.partition} from its changelog: {self.records:,} records "
+            f"({self.bytes / 1e6:.1f} MB) at {self.rate:,.0f}/s, offset {self.position:,} of {self.target:,}"
+            + (f", ETA {eta:.0f} s" if eta is not None else "")
+        )
+
+
+#: Restores under way or done, per (changelog topic, partition): what the metrics and the progress line read.
+RESTORES: dict[tuple[str, int], RestoreProgress] = {}

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -33,7 +32,9 @@ from iqgraph.stores import PartitionState, PartitionStores
 from iqgraph.stores.changelog import (
     BATCH_END_KEY,
     CHANGELOG_NEXT_KEY,
+    RESTORES,
     Record,
+    RestoreProgress,
     apply_records,
     batch_records,
     changelog_next,
@@ -383,45 +384,6 @@ class ChangelogWriter:
         for producer in self._producers.values():
             producer.flush(1.0)
         self._producers.clear()
-
-
-@dataclass
-class RestoreProgress:
-    """How far a copy's restore from its changelog is: records and bytes applied, of how many."""
-
-    topic: str
-    partition: int
-    start: int  # the changelog offset it started at
-    target: int  # the changelog's last stable offset when it started
-    records: int = 0
-    bytes: int = 0
-    position: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def rate(self) -> float:
-        """Return the records applied per second so far."""
-        return self.records / max(time.monotonic() - self.started, 1e-6)
-
-    @property
-    def eta_s(self) -> float | None:
-        """Return the seconds left at the rate so far (None before any record)."""
-        if not self.records:
-            return None
-        return max(self.target - self.position, 0) / max(self.rate, 1e-6)
-
-    def line(self) -> str:
-        """Return the progress as one log line."""
-        eta = self.eta_s
-        return (
-            f"restoring {self.topic}-{self.partition} from its changelog: {self.records:,} records "
-            f"({self.bytes / 1e6:.1f} MB) at {self.rate:,.0f}/s, offset {self.position:,} of {self.target:,}"
-            + (f", ETA {eta:.0f} s" if eta is not None else "")
-        )
-
-
-#: Restores under way or done, per (changelog topic, partition): what the metrics and the progress line read.
-RESTORES: dict[tuple[str, int], RestoreProgress] = {}
 
 
 class Changelogs:

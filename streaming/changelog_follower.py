@@ -13,11 +13,9 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from iqgraph.stores import PartitionState, PartitionStores
-from iqgraph.stores.changelog import Record, apply_records, changelog_next, is_batch_end
+from iqgraph.stores.changelog import RESTORES, Record, RestoreProgress, apply_records, changelog_next, is_batch_end
 from iqgraph.streaming.changelog import (
-    RESTORES,
     Changelogs,
-    RestoreProgress,
     TransientRetries,
     changelog_consumer,
     message_key,

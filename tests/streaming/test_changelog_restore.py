@@ -16,11 +16,11 @@ from confluent_kafka.admin import AdminClient
 
 from iqgraph.examples.shop import build_app, generate_orders
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
-from iqgraph.stores.changelog import CHANGELOG_NEXT_KEY
+from iqgraph.stores.changelog import CHANGELOG_NEXT_KEY, RESTORES
 from iqgraph.stores.partition import META_CF, TOPIC_PARTITIONS_KEY
 from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.broker import produce
-from iqgraph.streaming.changelog import RESTORES, changelog_topic
+from iqgraph.streaming.changelog import changelog_topic
 from iqgraph.streaming.definitions import App
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner
 from tests.support.pipeline import START_MS
