@@ -37,20 +37,6 @@ KeyT = TypeVar("KeyT")
 ReturnT = TypeVar("ReturnT")
 
 
-class DataLoader(aiodataloader.DataLoader[KeyT, ReturnT]):
-    """aiodataloader's DataLoader, dispatching a turn of the loop sooner: one task per batch, not two.
-
-    aiodataloader schedules a task that schedules the batch's task; this schedules the batch's task
-    (``dispatch_queue``, the same batching, caching and failures) straight from the loop's callback.
-    """
-
-    def do_resolve_reject(self, key: KeyT, future: asyncio.Future[ReturnT]) -> None:
-        """Queue key; the first of a turn schedules the dispatch of the queue."""
-        self._queue.append(aiodataloader.Loader(key=key, future=future))
-        if len(self._queue) == 1:
-            self.loop.call_soon(aiodataloader.dispatch_queue, self)
-
-
 async def load_batch(
     read: BatchRead, store: str, max_lag: int | None, keys: list[Any], max_keys: int | None = None
 ) -> list[Any]:
@@ -112,7 +98,7 @@ class Loaders:
             if is_store:  # (an owner-side field's store is checked by StoreQueries.call_many)
                 check_read(self.principal, store)
             batch = partial(self._load, read, store, max_lag)
-            loader = self._loaders[store, max_lag] = _AtOnce(batch) if self.at_once else DataLoader(batch)
+            loader = self._loaders[store, max_lag] = _AtOnce(batch) if self.at_once else aiodataloader.DataLoader(batch)
         return loader
 
     async def _load(
