@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import NoReturn
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -291,8 +292,9 @@ class ChangelogWriter:
                 break
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
-                away = isinstance(error, KafkaError) and not error.fatal() and (error.code() in _AWAY)
-                if not away or stop() or time.monotonic() - began > self.outage_s:
+                if not isinstance(error, KafkaError) or error.fatal() or error.code() not in _AWAY:
+                    self._abandon(producer, partition, exc)
+                if stop() or time.monotonic() - began > self.outage_s:
                     self._abandon(producer, partition, exc)
                 if not waiting:
                     waiting = True
@@ -301,7 +303,7 @@ class ChangelogWriter:
                         "%.0f s at most), reads go on from the stores",
                         self.topic,
                         partition,
-                        error.str(),  # type: ignore[union-attr]
+                        error.str(),
                         self.outage_s,
                     )
                 self._abort_to_retry(producer, partition, exc, began, stop)
@@ -358,7 +360,7 @@ class ChangelogWriter:
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)
 
-    def _abandon(self, producer: Producer, partition: int, exc: KafkaException, abort: bool = True) -> None:
+    def _abandon(self, producer: Producer, partition: int, exc: KafkaException, abort: bool = True) -> NoReturn:
         """Abort the transaction (or drop a fenced producer, or one whose abort failed: abort False) and raise what
         the batch's caller is told."""
         error = exc.args[0] if exc.args else None
