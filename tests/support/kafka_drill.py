@@ -45,7 +45,7 @@ RATE = 40.0  # orders per second while the drill runs (two cores: six JVMs and t
 INITIAL = 1_500  # orders acknowledged before the nodes start: the keys the reader asks for
 MAX_LAG = 100_000
 FLAGS = ["--standbys", "1", "--max-lag", str(MAX_LAG)]
-WARM_UP_S = 40.0  # load before the first restart: the nodes' first batches are past, the baseline is measured
+WARM_UP_S = 24.0  # load before the first restart (the nodes are ready): 12 s, then 12 s of baseline measured
 DOWN_S = 30.0  # the whole cluster down
 AFTER_S = 120.0  # at most, after each broker's return: until every node applied a record acknowledged after it
 #: Fast failover on one machine (as in test_kafka_broker_loss): a killed broker is fenced in ~3 s.
