@@ -54,14 +54,6 @@ def test_every_query_answered_through_broker_restarts_kills_and_a_cluster_outage
     assert not bad, f"{len(bad)} wrong values, e.g. {bad[:5]}"
     during_outage = [a for a in answers if drill.down[0] <= a.sent and a.received <= drill.down[1]]
     assert during_outage, "no answer came while the whole cluster was down"
-    # each answer read while no broker ran (its node had seen it: 5 s, the watch probes every second) says so
-    cut_off = [a for a in answers if drill.gone[0] + 5 <= a.sent and a.received <= drill.gone[1]]
-    unsaid = [a.node for a in cut_off if not all("kafkaUnreachableSinceSeconds" in e for e in _staleness(a))]
-    assert cut_off and not unsaid, f"{len(unsaid)} of {len(cut_off)} answers without the outage in their staleness"
-
-
-def _staleness(answer: Any) -> list[dict[str, Any]]:
-    return list((answer.body.get("extensions") or {}).get("staleness") or [{}])
 
 
 @pytest.mark.xfail(

@@ -367,6 +367,7 @@ def test_read_then_follow_has_no_gap_and_no_duplicate_while_batches_apply(shop: 
     def write() -> None:
         for _ in range(60):
             sink.apply(orders.batches([(rng.choice(KEYS), "pen", 0) for _ in range(rng.randint(1, 8))]))
+            time.sleep(0.002)  # the reader's turns too, on two busy cores (it once made only 3 runs in 60 batches)
         done.set()
 
     writer = threading.Thread(target=write)
