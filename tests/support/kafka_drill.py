@@ -217,7 +217,6 @@ class Drill:
     controller: int = -1  # the controller-leader broker killed with SIGKILL
     killed: tuple[float, float] = (0.0, 0.0)
     down: tuple[float, float] = (0.0, 0.0)  # the first SIGTERM of the whole cluster, the cluster ready again
-    gone: tuple[float, float] = (0.0, 0.0)  # no broker running: the last one stopped, the first started again
     returns: list[Return] = field(default_factory=list)
     topics: dict[str, tuple[int, str]] = field(default_factory=dict)  # topic -> (replicas, min.insync.replicas)
     caught_up: float = 0.0
@@ -447,9 +446,7 @@ def _whole_cluster_down(drill: Drill, cluster: KafkaCluster) -> None:
     """Stop every broker (a controlled shutdown, data kept), wait DOWN_S with none running, start them again."""
     down = time.monotonic()
     cluster.stop()
-    gone = time.monotonic()
     time.sleep(DOWN_S)  # from the moment the last broker is gone
-    drill.gone = (gone, time.monotonic())
     cluster.start()
     drill.down = (down, time.monotonic())
     back = note_return(drill, "the whole cluster back")
