@@ -83,6 +83,7 @@ def test_a_fenced_leader_epoch_is_asked_again_for_that_partition_after_fresh_met
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.OFFSET_NOT_AVAILABLE,
         KafkaError._TRANSPORT,
+        KafkaError._NOENT,  # "No leaders found": librdkafka's cached metadata, from a whole cluster's outage
     ],
 )
 def test_errors_of_a_leader_move_are_retried(code: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -40,6 +40,7 @@ from iqgraph.streaming.offset_log import BatchOffsets, OffsetLog
 from iqgraph.streaming.partitioner import partition_for
 from iqgraph.streaming.runner import RunnerSettings, StreamRunner, source_options
 from iqgraph.streaming.sink import PartitionBatch, StoreSink
+from tests.support.topic_records import records_of
 
 SOURCES = ("kafka", "iqkafka")
 #: Broker settings under which the log cleaner runs within a second of a segment becoming cleanable.
@@ -129,37 +130,6 @@ def high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, in
         return {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10, cached=False)[1] for p in range(partitions)
         }
-    finally:
-        consumer.close()
-
-
-def records_of(bootstrap: str, topic: str, partition: int) -> list[tuple[int, bytes | None, bytes | None]]:
-    """Return (offset, key, value) of every record a read_committed consumer reads of a partition."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "sem",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-        }
-    )
-    try:
-        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])  # retention may have moved it
-        records: list[tuple[int, bytes | None, bytes | None]] = []
-        deadline = time.monotonic() + 30
-        while True:
-            assert time.monotonic() < deadline, f"{topic}[{partition}] not read to its end in 30 s"
-            message = consumer.poll(1.0)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                return records
-            assert error is None, error
-            offset = message.offset()
-            assert offset is not None
-            records.append((offset, message.key(), message.value()))
     finally:
         consumer.close()
 
