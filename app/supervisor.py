@@ -149,7 +149,7 @@ class QuerySupervisor:
             self._kafka_was_away = True
         return True
 
-    def _died(self, failure: BaseException, now: float) -> None:
+    def _died(self, failure: BaseException, now: float, what: str = "a streaming query died") -> None:
         first_line = error_summary(failure)
         away = self._kafka_away()
         with self._lock:
@@ -159,7 +159,7 @@ class QuerySupervisor:
             self._last_error = first_line
             wait = self.backoff(self._in_a_row)
         when = "as soon as Kafka answers" if away else f"in {wait:.0f} s"
-        log.warning("a streaming query died (%s); restarting %s (death %d in a row)", first_line, when, self._in_a_row)
+        log.warning("%s (%s); restarting %s (death %d in a row)", what, first_line, when, self._in_a_row)
 
     def _restart(self, now: float) -> None:
         with self._lock:
@@ -167,8 +167,8 @@ class QuerySupervisor:
         try:
             self.runner.restart()
         except Exception as exc:  # noqa: BLE001 - a restart that fails counts as one more death
-            log.exception("restarting the streaming queries failed")
-            self._died(exc, now)
+            log.debug("restarting the streaming queries failed", exc_info=True)
+            self._died(exc, now, "restarting the streaming queries failed")
             return
         with self._lock:
             self._restarts += 1

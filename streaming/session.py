@@ -72,6 +72,13 @@ logger.kafkanet.name = org.apache.kafka.clients.NetworkClient
 logger.kafkanet.level = error
 logger.offsetreader.name = org.apache.spark.sql.kafka010.KafkaOffsetReaderAdmin
 logger.offsetreader.level = error
+# A query that dies: the node's supervisor says why in one line; Spark's "terminated with error" came with a ~70-line
+# Java stack trace wrapping the same Python error (a user function's traceback stays: the executor logs it).
+logger.microbatch.name = org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution
+logger.microbatch.filter.died.type = RegexFilter
+logger.microbatch.filter.died.regex = .*terminated with error.*
+logger.microbatch.filter.died.onMatch = DENY
+logger.microbatch.filter.died.onMismatch = NEUTRAL
 """
 
 

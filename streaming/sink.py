@@ -71,6 +71,21 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
+
+
+class BatchFailureEcho(logging.Filter):
+    """Drop Py4J's "exception while executing the Python Proxy" record (a traceback) of an exception a sink's batch
+    raised: Spark fails the query with it, and the supervisor says so in one line (`app.supervisor`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        tb = record.exc_info[2] if record.exc_info else None
+        while tb is not None:
+            if tb.tb_frame.f_code is StoreSink.__call__.__code__:
+                return False
+            tb = tb.tb_next
+        return True
+
+
 _UNWATCHED: AbstractContextManager[Interest] = nullcontext({})
 _NO_CHANGES = ChangeSet({})  # watches no store: nothing is ever recorded into it
 _NONE: Mapping[bytes, Any] = {}  # a store no batch changed yet (never written to)
@@ -425,3 +440,6 @@ def _positions(batch: PartitionBatch, items: list[tuple[Any, ...]]) -> list[int]
 
 def _ranked_last(keyed: tuple[StoreDefinition, list[Any]]) -> bool:
     return keyed[0].ranks is not None
+
+
+logging.getLogger("py4j.clientserver").addFilter(BatchFailureEcho())

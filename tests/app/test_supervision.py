@@ -66,6 +66,7 @@ class Supervised:
     flags: Path
     send: Callable[[int], None]
     events: list[tuple[str, dict[str, Any]]]
+    log: Path
 
     def readyz(self) -> tuple[int, dict[str, Any]]:
         response = httpx.get(f"{self.url}/readyz", timeout=10)
@@ -125,7 +126,7 @@ def supervised(
     node = start_node(home, "userapp", "node-0", free_port(), ["--stall-timeout-s", str(STALL_TIMEOUT_S)])
     try:
         wait_ready([node])
-        yield Supervised(node.url, flags, send, sent)
+        yield Supervised(node.url, flags, send, sent, node.log)
     finally:
         node.kill()
 
@@ -156,6 +157,10 @@ def test_a_query_that_keeps_dying_is_restarted_with_backoff_reported_and_recover
     assert node["pipeline"]["keepsDying"] and node["pipeline"]["restarts"] >= 2 and node["pipeline"]["lastError"]
     metrics = scrape(supervised.url)
     assert metrics.value("iqgraph_pipeline_restarts_total") >= 2
+    # each death is one line: not Py4J's traceback of the batch's exception, nor Spark's ~70-line stack wrapping it
+    log = supervised.log.read_text()
+    assert log.count("a streaming query died (") >= 2, log[-3000:]
+    assert "terminated with error" not in log and "Python Proxy" not in log, log[-5000:]
     assert metrics.value("iqgraph_pipeline_deaths_in_a_row") >= 3
 
     (supervised.flags / "poison").unlink()
