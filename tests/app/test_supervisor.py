@@ -219,6 +219,28 @@ def test_kafka_watch_logs_each_transition_once_and_asks_at_most_once_a_period(
     assert lines[1] == "Kafka back after 5 s"
 
 
+def test_kafka_watch_asks_again_once_before_calling_kafka_unreachable(caplog: pytest.LogCaptureFixture) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from iqgraph.streaming.kafka_watch import KafkaWatch
+
+    answers = iter([False, True, False, False, True])  # one request timed out, then a real outage
+
+    def probe(timeout_s: float) -> None:
+        if not next(answers):
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Local: Timed out"))
+
+    caplog.set_level("WARNING", logger="iqgraph.streaming.kafka_watch")
+    watch = KafkaWatch({"bootstrap.servers": "kafka-1:9092"}, every_s=0.0, probe=probe)
+    assert watch.reachable() and watch.status().reachable and not caplog.records
+    assert not watch.reachable() and watch.status().unreachable_since is not None
+    assert watch.reachable()
+    assert [r.getMessage().split(" since ")[0] for r in caplog.records] == [
+        "Kafka at kafka-1:9092 unreachable",
+        "Kafka back after 0 s",
+    ]
+
+
 def test_librdkafkas_connection_failures_are_dropped_and_other_lines_kept() -> None:
     import logging
 
