@@ -10,7 +10,8 @@ What a node needs (ACLs, for the principal the config logs in as):
 - each input topic: READ and DESCRIBE (a dead-letter topic: WRITE and DESCRIBE);
 - each changelog topic ``<app>-<topic>-changelog`` (``streaming.changelog``): READ, WRITE and DESCRIBE, and CREATE
   while it does not exist (the node creates it); its writers' transactional ids ``<app>-`` (a prefix): WRITE and
-  DESCRIBE, which no request can check without fencing a writer, so they are not checked here;
+  DESCRIBE, checked with a transactional id of that prefix that no writer uses (``<app>-iqgraph-access-check``:
+  a producer initialises it, which fences nobody and writes nothing);
 - the group id of the changelog restore consumers, ``iqgraph-changelog``: DESCRIBE (they only assign, but
   librdkafka looks a group's coordinator up);
 - with Kafka-group membership: the group (the app's name) READ and DESCRIBE (READ is checked once the group exists:
@@ -32,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
 from cryptography import x509
 
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
 __all__ = ["KafkaAccessError", "Need", "app_needs", "check_access", "needs", "principal_of"]
 
 log = logging.getLogger(__name__)
+#: librdkafka's lines of the transactional-id probe: a refusal is its FATAL error, which the one line says instead
+_PROBE_LOG = logging.getLogger(f"{__name__}.transactions")
+_PROBE_LOG.setLevel(logging.CRITICAL + 1)
 
 #: librdkafka errors that mean the broker refused the login itself (SASL) or the TLS handshake.
 _LOGIN_REFUSED = {KafkaError._AUTHENTICATION, KafkaError._SSL}
@@ -59,6 +63,7 @@ _COORDINATOR_MOVING = {
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
 }
 _METADATA_SUFFIX = ".iq-metadata"
+_ACCESS_CHECK_ID = "iqgraph-access-check"  # after the transactional-id prefix: the id no changelog writer uses
 _RESTORE_GROUP = "iqgraph-changelog"  # the group.id streaming.changelog's restoring consumers give
 _READ_DESCRIBE = (AclOperation.READ, AclOperation.DESCRIBE)
 _READ_WRITE_DESCRIBE = (AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE)
@@ -72,7 +77,7 @@ class KafkaAccessError(UserError, RuntimeError):
 class Need:
     """The rights a node needs on one topic or group, and whether it creates the topic when it is missing."""
 
-    kind: str  # "topic" or "group"
+    kind: str  # "topic", "group" or "transactional-id" (a prefix)
     name: str
     operations: tuple[AclOperation, ...]
     creates: bool = False  # a topic the node creates itself (changelog, membership metadata)
@@ -85,8 +90,10 @@ def needs(
     changelogs: Iterable[str] = (),
     dead_letter_topic: str | None = None,
     group_id: str | None = None,
+    transactional_ids: str | None = None,
 ) -> list[Need]:
-    """Return what a node needs: its input topics, changelog topics, dead-letter topic and membership group."""
+    """Return what a node needs: its input topics, changelog topics (and their writers' transactional ids, the
+    prefix transactional_ids), dead-letter topic and membership group."""
     wanted = [Need("topic", name, _READ_DESCRIBE, why="input topic") for name in topics]
     changelogs = list(changelogs)
     wanted += [Need("topic", name, _READ_WRITE_DESCRIBE, creates=True, why="changelog topic") for name in changelogs]
@@ -101,6 +108,9 @@ def needs(
     if changelogs:
         restore = Need("group", _RESTORE_GROUP, (AclOperation.DESCRIBE,), why="changelog restore consumers' group id")
         wanted.append(restore)
+        if transactional_ids is not None:
+            writers = (AclOperation.WRITE, AclOperation.DESCRIBE)
+            wanted.append(Need("transactional-id", transactional_ids, writers, why="changelog writers"))
     return wanted
 
 
@@ -111,6 +121,7 @@ def app_needs(app: App, *, changelog: bool = True, group_id: str | None = None) 
         changelogs=[changelog_topic(app.name, t.name) for t in app.topics if not t.global_table] if changelog else [],
         dead_letter_topic=app.kafka.dead_letter_topic,
         group_id=group_id,
+        transactional_ids=f"{app.name}-",  # streaming.changelog: <app>-<topic>-changelog-<partition>
     )
 
 
@@ -132,6 +143,8 @@ def check_access(config: Mapping[str, str], wanted: Sequence[Need], timeout: flo
     for need in wanted:
         if need.kind == "group":
             _check_group(admin, config, need, timeout)
+        elif need.kind == "transactional-id":
+            _check_transactional_ids(config, need, timeout)
 
 
 def principal_of(config: Mapping[str, str]) -> str:
@@ -283,13 +296,28 @@ def _check_group(admin: AdminClient, config: Mapping[str, str], need: Need, time
         raise KafkaAccessError(_grant_line(config, need, missing, "group"))
 
 
+def _check_transactional_ids(config: Mapping[str, str], need: Need, timeout: float) -> None:
+    """Raise if Kafka refuses the transactional ids of need's prefix: a producer initialises the one id of it that
+    no changelog writer uses (nothing is fenced, nothing written). A Kafka that does not answer is no refusal."""
+    producer = Producer({**config, "transactional.id": f"{need.name}{_ACCESS_CHECK_ID}"}, logger=_PROBE_LOG)
+    try:  # nothing to flush: a refused producer is fatal (a flush raises again), a granted one sent nothing
+        producer.init_transactions(timeout)
+    except KafkaException as exc:
+        code = exc.args[0].code()
+        if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+            raise KafkaAccessError(_grant_line(config, need, need.operations, "transactional-id")) from None
+        if code in _DENIED:
+            raise KafkaAccessError(f"Kafka refused the changelog writers' transactions: {exc.args[0].str()}") from None
+
+
 def _grant_line(config: Mapping[str, str], need: Need, missing: Iterable[AclOperation], flag: str) -> str:
     """Return the one line of a missing right: what, for whom, and the kafka-acls command that grants it."""
     names = [op.name for op in missing]
     principal = principal_of(config)
     operations = " ".join(f"--operation {name.title().replace('_', '')}" for name in names)
     command = f"kafka-acls --add --allow-principal {principal} {operations} --{flag} {need.name}"
-    return (
-        f"Kafka refused {' and '.join(names)} on {need.kind} {need.name!r} ({need.why}) to {principal}: "
-        f"grant it: {command}"
-    )
+    what = f"{need.kind} {need.name!r}"
+    if need.kind == "transactional-id":  # a prefix: every changelog writer's id starts with it
+        command += " --resource-pattern-type prefixed"
+        what = f"the transactional ids {need.name}*"
+    return f"Kafka refused {' and '.join(names)} on {what} ({need.why}) to {principal}: grant it: {command}"

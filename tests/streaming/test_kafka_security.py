@@ -50,7 +50,7 @@ EXAMPLE_SERVERS = "kafka-1.example.com:9093"
 EXAMPLE_DIR = "/etc/iqgraph/"
 PARTITIONS = 3
 #: SCRAM users: the node, and principals that miss one right each (their ACLs are granted per test).
-SCRAM_USERS = {name: PASSWORD for name in ("shop-node", "reader", "no-group", "no-create")}
+SCRAM_USERS = {name: PASSWORD for name in ("shop-node", "reader", "no-group", "no-create", "no-txn")}
 
 
 def doc_blocks(language: str) -> list[str]:
@@ -311,6 +311,19 @@ def test_a_changelog_topic_the_node_may_not_create_names_create(scram_broker: Ka
     grant(scram_broker, rights)
     line = refused(scram(scram_broker, pki, "no-create"))
     assert line.startswith("Kafka refused CREATE on topic 'shop-orders-changelog' (changelog topic)"), line
+
+
+def test_missing_rights_on_the_changelog_writers_transactional_ids_name_the_prefix(
+    scram_broker: KafkaBroker, pki: Pki
+) -> None:
+    grant(scram_broker, [b for b in doc_acls("User:no-txn") if b.restype != ResourceType.TRANSACTIONAL_ID])
+    line = refused(scram(scram_broker, pki, "no-txn"))
+    assert line == (
+        "Kafka refused WRITE and DESCRIBE on the transactional ids shop-* (changelog writers) to User:no-txn: grant "
+        "it: kafka-acls --add --allow-principal User:no-txn --operation Write --operation Describe --transactional-id "
+        "shop- --resource-pattern-type prefixed"
+    )
+    check_access(scram(scram_broker, pki, "no-txn"), app_needs(build_app("orders", PARTITIONS), changelog=False))
 
 
 # --- end to end: the doc's recipes, a node process, produce, ingest, query, restart ------------------------------
