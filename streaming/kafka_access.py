@@ -19,7 +19,8 @@ What a node needs (ACLs, for the principal the config logs in as):
   while it does not exist), and DESCRIBE on the metadata reader's group id ``<app>.iq-metadata-reader``.
 
 Rights are read from Kafka's own answer (KIP-430: a topic's or group's authorized operations), creation is asked
-with ``validate_only``: nothing is created, joined or written. A Kafka that does not answer at all is not refused
+with ``validate_only``: nothing is created, joined or written (but the transactional-id probe's one id, which
+Kafka's transaction state keeps). A Kafka that does not answer at all is not refused
 access: the caller's own checks say it is unreachable.
 """
 
@@ -75,7 +76,8 @@ class KafkaAccessError(UserError, RuntimeError):
 
 @dataclass(frozen=True)
 class Need:
-    """The rights a node needs on one topic or group, and whether it creates the topic when it is missing."""
+    """The rights a node needs on one topic, group or transactional-id prefix, and whether it creates the topic when
+    it is missing."""
 
     kind: str  # "topic", "group" or "transactional-id" (a prefix)
     name: str
