@@ -129,3 +129,8 @@ def test_a_batch_kafka_never_takes_ends_in_one_error_and_is_not_written(
     assert 2 * TIMEOUT_S <= took < 8 * TIMEOUT_S, took
     assert "\n" not in str(raised.value)
     assert contents(copy) == before
+    # Kafka back: the next batch goes, on a new producer (a failed batch's is never kept: one may be stuck)
+    kafka.start()
+    write_batch(copy, changelogs, rng)
+    assert changelogs.writer(TOPIC).producers_started == 2
+    assert committed_batches(config) == 2
