@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import IO, Final
@@ -91,6 +92,8 @@ logger.kafkaconfig.level = warn
 logger.appinfo.name = org.apache.kafka.common.utils.AppInfoParser
 logger.appinfo.level = warn
 """
+#: The file in a kept data_dir that holds the broker's output (its log4j2 console) of every start, one after another.
+OUTPUT_FILE: Final = "kafka-output.log"
 #: JVM options of the broker (and of its storage tool). C1 only (TieredStopAtLevel=1): measured on two busy cores,
 #: a start takes ~2/3 of the time and 400k produced records ~60% of the broker CPU of the default C2 tiers; a
 #: long benchmark may want C2 back: KafkaBroker(jvm_options=["-XX:TieredStopAtLevel=4"]) (the later option wins).
@@ -316,8 +319,9 @@ class KafkaBroker(_Endpoint):
     """An Apache Kafka KRaft broker and controller in one JVM subprocess, listening on loopback ports.
 
     data_dir None runs on a temporary directory deleted by `stop`; a given data_dir is kept, so a broker started
-    again on it has the topics and records it had. properties override `ONE_MACHINE_PROPERTIES` and the listener
-    settings; heap is the JVM's -Xmx and jvm_options come after `JVM_OPTIONS`. node_id, controller_port,
+    again on it has the topics and records it had, and its `OUTPUT_FILE` the output of every start. properties
+    override `ONE_MACHINE_PROPERTIES` and the listener settings; heap is the JVM's -Xmx and jvm_options come after
+    `JVM_OPTIONS`. node_id, controller_port,
     quorum_voters and cluster_id are how `KafkaCluster` builds its members. security: a secured client listener
     on port (`BrokerSecurity`: SASL_SSL or mutual TLS, ACLs on) instead of PLAINTEXT; `admin` is then the broker's
     own super user, on an internal listener.
@@ -357,6 +361,7 @@ class KafkaBroker(_Endpoint):
         self._temp_dir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._output_start = 0  # where this start's output begins in _log
         self._admin = None
 
     @property
@@ -427,7 +432,7 @@ class KafkaBroker(_Endpoint):
             format_command = self._prepare(java, jars)
             if format_command is not None:
                 _run_all([format_command], self.startup_timeout)
-            self._log = tempfile.TemporaryFile(prefix="kafka-")  # closed in stop()
+            self._log = self._open_output()  # closed in stop()
             command = [java, *self._jvm_options(self.heap), "-cp", str(jars / "*"), _MAIN_CLASS]
             command.append(str(self.directory / "server.properties"))
             # its own session: a terminal's Ctrl-C must not kill the broker before the clients that use it stop
@@ -523,19 +528,31 @@ class KafkaBroker(_Endpoint):
                 raise BrokerError(f"Apache Kafka {KAFKA_VERSION} needs Java 17 or newer: {INSTALL_JAVA}")
             raise BrokerError(f"Apache Kafka exited with code {code}{tail}")
 
+    def _open_output(self) -> IO[bytes]:
+        """Return the file the JVM's output goes to: a temporary one, or with a kept data_dir its `OUTPUT_FILE`,
+        appended to at each start (what a broker logged before a restart stays there to be read after a drill)."""
+        if self.data_dir is None:
+            self._output_start = 0
+            return tempfile.TemporaryFile(prefix="kafka-")
+        output = (self.directory / OUTPUT_FILE).open("a+b")
+        output.write(f"---- started {datetime.now(UTC).isoformat(timespec='milliseconds')}\n".encode())
+        output.flush()
+        self._output_start = output.tell()
+        return output
+
     def _log_tail(self, size: int = 3000) -> str:
         """Return the end of the broker's output, for error messages."""
         if self._log is None:
             return ""
         self._log.seek(0, os.SEEK_END)
-        self._log.seek(max(self._log.tell() - size, 0))
+        self._log.seek(max(self._log.tell() - size, self._output_start))
         return "\nkafka output:\n" + self._log.read().decode(errors="replace")
 
     def output(self) -> str:
         """Return everything the broker has logged since it started (its log4j2 output)."""
         if self._log is None:
             return ""
-        self._log.seek(0)
+        self._log.seek(self._output_start)
         return self._log.read().decode(errors="replace")
 
     def terminate(self) -> None:

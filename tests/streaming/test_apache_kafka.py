@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource
 
-from iqgraph.streaming.apache_kafka import KafkaBroker, KafkaCluster
+from iqgraph.streaming.apache_kafka import OUTPUT_FILE, KafkaBroker, KafkaCluster
 from iqgraph.streaming.broker import BrokerError
 from iqgraph.streaming.kafka_jars import HOME_ENV, KAFKA_VERSION, ensure_kafka_jars, locked_jars
 
@@ -206,10 +206,16 @@ def test_restart_on_the_same_data_dir_keeps_topics_and_records(tmp_path: Path) -
     with KafkaBroker(data_dir=tmp_path) as second:  # other ports, same log dir
         got = read_partition(second.bootstrap_servers, topic, 0)
         assert second.ready_seconds is not None and second.ready_seconds < START_DEADLINE
+        this_start = second.output()
 
     assert second.port != first.port or second.controller_port != first.controller_port
     assert got == [(i, key, value) for i, (key, value, _) in enumerate(records)]
     assert (tmp_path / "logs" / "meta.properties").is_file()
+    # both starts' output stays in the data dir (read after a drill); output() is this start's only
+    kept = (tmp_path / OUTPUT_FILE).read_text()
+    assert kept.count("---- started ") == 2 and kept.count("Kafka Server started") == 2, kept[-2000:]
+    second_start = kept[kept.rindex("---- started ") :].split("\n", 1)[1]
+    assert "Kafka Server started" in this_start and second_start.startswith(this_start)
 
 
 def test_temporary_data_dir_is_deleted_on_stop() -> None:

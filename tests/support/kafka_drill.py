@@ -217,6 +217,7 @@ class Drill:
     killed: tuple[float, float] = (0.0, 0.0)
     down: tuple[float, float] = (0.0, 0.0)  # the first SIGTERM of the whole cluster, the cluster ready again
     returns: list[Return] = field(default_factory=list)
+    settled: list[tuple[str, float]] = field(default_factory=list)  # (after what, seconds until every node applied it)
     topics: dict[str, tuple[int, str]] = field(default_factory=dict)  # topic -> (replicas, min.insync.replicas)
     caught_up: float = 0.0
     ended: float = 0.0
@@ -356,6 +357,16 @@ def wait_progress(drill: Drill, back: Return, timeout: float = AFTER_S) -> None:
     )
 
 
+def settle(drill: Drill, after: str, timeout: float = AFTER_S) -> None:
+    """Wait until every node has applied, in every partition it is active for, every order acknowledged by now:
+    the orders of one step are queryable before the next step begins, so each step's freshness is its own (the
+    last orders of the roll were counted in the roll's figures while the controller's kill -9 held them up)."""
+    now = time.monotonic()
+    back = Return(f"settled after {after}", now, drill.ingest.acked_ends())
+    wait_progress(drill, back, timeout)
+    drill.settled.append((after, back.slowest))
+
+
 def wait_caught_up(drill: Drill, timeout: float = 180) -> None:
     """Wait until every node is ready and every copy (active and standby) applied every acknowledged order."""
     ends = drill.ingest.acked_ends()
@@ -459,6 +470,7 @@ def _roll(drill: Drill, cluster: KafkaCluster) -> None:
         wait_progress(drill, back)
         drill.steps.append((broker.node_id, stopped, time.monotonic()))
     drill.roll = (start, time.monotonic())
+    settle(drill, "the roll")
 
 
 def _kill_controller(drill: Drill, cluster: KafkaCluster) -> None:
@@ -473,6 +485,7 @@ def _kill_controller(drill: Drill, cluster: KafkaCluster) -> None:
     back = note_return(drill, f"broker {victim.node_id} (controller leader) back from kill -9")
     wait_in_sync(cluster)
     wait_progress(drill, back)
+    settle(drill, "the kill -9")
 
 
 def _whole_cluster_down(drill: Drill, cluster: KafkaCluster) -> None:
@@ -555,6 +568,7 @@ def figures(drill: Drill) -> str:
         f"whole cluster down {drill.down[1] - drill.down[0]:.1f} s (first SIGTERM to ready); freshness after the "
         f"roll: {spread(drill.freshness(drill.roll[1], drill.ended))}\n"
         f"{returns}\n"
+        f"every node applied what was acknowledged: {'; '.join(f'after {w} in {t:.1f} s' for w, t in drill.settled)}\n"
         f"longest a node applied nothing: roll {still(drill, *drill.roll):.1f} s, controller kill "
         f"{still(drill, drill.killed[0], drill.killed[1] + 20):.1f} s (to 20 s after its return), whole cluster "
         f"{still(drill, drill.down[0], drill.down[1] + 20):.1f} s (to 20 s after its return)\n"
