@@ -120,6 +120,13 @@ def changelog_topic(app: str, topic: str) -> str:
     return f"{app}-{topic}-changelog"
 
 
+def restore_group(app: str) -> str:
+    """Return the group id app's changelog consumers give: librdkafka wants one, and looks its coordinator up (a
+    right to DESCRIBE it), though they only assign partitions and commit nothing. Each app its own, as the
+    rights are granted per app."""
+    return f"{app}-changelog-restore"
+
+
 class ChangelogError(RuntimeError):
     """A changelog could not be made or written (a batch not sent is not written locally either)."""
 
@@ -186,11 +193,12 @@ def message_key(message: Message) -> bytes:
     return key
 
 
-def changelog_consumer(config: Mapping[str, str]) -> Consumer:
+def changelog_consumer(config: Mapping[str, str], app: str) -> Consumer:
+    """Return a read_committed consumer of app's changelogs, which assigns partitions and commits nothing."""
     return Consumer(
         {
             **config,
-            "group.id": "iqgraph-changelog",  # required by librdkafka; partitions are assigned, nothing is committed
+            "group.id": restore_group(app),
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
@@ -445,7 +453,7 @@ class Changelogs:
         if start >= target:
             return progress
         log.info("%s-%s: restoring from changelog offsets %d..%d", topic, db.partition, start, target - 1)
-        consumer = changelog_consumer(self.config)
+        consumer = changelog_consumer(self.config, self.app)
         try:
             consumer.assign([TopicPartition(self.topic(topic), db.partition, start)])
             _read_to(consumer, stores, progress, stop)

@@ -84,7 +84,7 @@ class ChangelogFollower:
             self._thread = None
 
     def _run(self) -> None:
-        consumer = changelog_consumer(self.changelogs.config)
+        consumer = changelog_consumer(self.changelogs.config, self.changelogs.app)
         try:
             while not self._stopped.is_set():
                 try:

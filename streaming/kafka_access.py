@@ -12,7 +12,7 @@ What a node needs (ACLs, for the principal the config logs in as):
   while it does not exist (the node creates it); its writers' transactional ids ``<app>-`` (a prefix): WRITE and
   DESCRIBE, checked with a transactional id of that prefix that no writer uses (``<app>-iqgraph-access-check``:
   a producer initialises it, which fences nobody and writes nothing);
-- the group id of the changelog restore consumers, ``iqgraph-changelog``: DESCRIBE (they only assign, but
+- the group id of the changelog restore consumers, ``<app>-changelog-restore``: DESCRIBE (they only assign, but
   librdkafka looks a group's coordinator up);
 - with Kafka-group membership: the group (the app's name) READ and DESCRIBE (READ is checked once the group exists:
   Kafka tells a group's rights only then), and the ``<app>.iq-metadata`` topic READ, WRITE and DESCRIBE (CREATE
@@ -39,7 +39,7 @@ from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
 from cryptography import x509
 
 from iqgraph.stores import UserError
-from iqgraph.streaming.changelog import changelog_topic
+from iqgraph.streaming.changelog import changelog_topic, restore_group
 
 if TYPE_CHECKING:
     from iqgraph.streaming.definitions import App
@@ -65,7 +65,6 @@ _COORDINATOR_MOVING = {
 }
 _METADATA_SUFFIX = ".iq-metadata"
 _ACCESS_CHECK_ID = "iqgraph-access-check"  # after the transactional-id prefix: the id no changelog writer uses
-_RESTORE_GROUP = "iqgraph-changelog"  # the group.id streaming.changelog's restoring consumers give
 _READ_DESCRIBE = (AclOperation.READ, AclOperation.DESCRIBE)
 _READ_WRITE_DESCRIBE = (AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE)
 
@@ -93,9 +92,11 @@ def needs(
     dead_letter_topic: str | None = None,
     group_id: str | None = None,
     transactional_ids: str | None = None,
+    restore_group_id: str | None = None,
 ) -> list[Need]:
     """Return what a node needs: its input topics, changelog topics (and their writers' transactional ids, the
-    prefix transactional_ids), dead-letter topic and membership group."""
+    prefix transactional_ids, and their restore consumers' group id restore_group_id), dead-letter topic and
+    membership group."""
     wanted = [Need("topic", name, _READ_DESCRIBE, why="input topic") for name in topics]
     changelogs = list(changelogs)
     wanted += [Need("topic", name, _READ_WRITE_DESCRIBE, creates=True, why="changelog topic") for name in changelogs]
@@ -108,8 +109,9 @@ def needs(
         reader = f"{metadata}-reader"  # assign-only, but librdkafka looks its coordinator up: DESCRIBE
         wanted.append(Need("group", reader, (AclOperation.DESCRIBE,), why="membership metadata reader's group id"))
     if changelogs:
-        restore = Need("group", _RESTORE_GROUP, (AclOperation.DESCRIBE,), why="changelog restore consumers' group id")
-        wanted.append(restore)
+        if restore_group_id is not None:
+            why = "changelog restore consumers' group id"
+            wanted.append(Need("group", restore_group_id, (AclOperation.DESCRIBE,), why=why))
         if transactional_ids is not None:
             writers = (AclOperation.WRITE, AclOperation.DESCRIBE)
             wanted.append(Need("transactional-id", transactional_ids, writers, why="changelog writers"))
@@ -124,6 +126,7 @@ def app_needs(app: App, *, changelog: bool = True, group_id: str | None = None) 
         dead_letter_topic=app.kafka.dead_letter_topic,
         group_id=group_id,
         transactional_ids=f"{app.name}-",  # streaming.changelog: <app>-<topic>-changelog-<partition>
+        restore_group_id=restore_group(app.name),
     )
 
 

@@ -52,7 +52,7 @@ def committed_batches(config: dict[str, str]) -> int:
     """Return how many batches the changelog holds, as a read_committed reader sees it (aborted sends are not)."""
     from confluent_kafka import TopicPartition
 
-    consumer = changelog_consumer(config)
+    consumer = changelog_consumer(config, APP)
     consumer.assign([TopicPartition(changelog_topic(APP, TOPIC), 0, 0)])
     ends = 0
     try:

@@ -7,6 +7,7 @@ addresses and files put in place of the example ones, and nothing else added.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import re
@@ -50,7 +51,7 @@ EXAMPLE_SERVERS = "kafka-1.example.com:9093"
 EXAMPLE_DIR = "/etc/iqgraph/"
 PARTITIONS = 3
 #: SCRAM users: the node, and principals that miss one right each (their ACLs are granted per test).
-SCRAM_USERS = {name: PASSWORD for name in ("shop-node", "reader", "no-group", "no-create", "no-txn")}
+SCRAM_USERS = {name: PASSWORD for name in ("shop-node", "reader", "no-group", "no-create", "no-txn", "no-restore")}
 
 
 def doc_blocks(language: str) -> list[str]:
@@ -324,6 +325,17 @@ def test_missing_rights_on_the_changelog_writers_transactional_ids_name_the_pref
         "shop- --resource-pattern-type prefixed"
     )
     check_access(scram(scram_broker, pki, "no-txn"), app_needs(build_app("orders", PARTITIONS), changelog=False))
+
+
+def test_each_app_restores_its_changelogs_under_a_group_id_of_its_own(scram_broker: KafkaBroker, pki: Pki) -> None:
+    # the doc's ACLs name shop's restore group; without them a static node (no membership group) is refused on it
+    grant(scram_broker, [b for b in doc_acls("User:no-restore") if b.restype != ResourceType.GROUP])
+    line = refused(scram(scram_broker, pki, "no-restore"), group_id=None)
+    assert line.startswith(
+        "Kafka refused DESCRIBE on group 'shop-changelog-restore' (changelog restore consumers' group id)"
+    ), line
+    other = app_needs(dataclasses.replace(build_app("orders", PARTITIONS), name="other"))
+    assert [n.name for n in other if n.kind == "group"] == ["other-changelog-restore"]
 
 
 # --- end to end: the doc's recipes, a node process, produce, ingest, query, restart ------------------------------
