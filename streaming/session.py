@@ -96,7 +96,7 @@ def build_spark_session(
 
     kafka_connector: add Spark's Kafka connector jars to spark.jars (raises `JarsError` when they are missing).
     """
-    conf = {**_base_conf(master, shuffle_partitions, driver_memory), **(extra_conf or {})}
+    conf = session_conf(_base_conf(master, shuffle_partitions, driver_memory), extra_conf or {})
     if kafka_connector:
         given = [jar for jar in conf.get("spark.jars", "").split(",") if jar.strip()]
         conf["spark.jars"] = ",".join([*given, *(str(path) for path in kafka_connector_jars())])
@@ -185,6 +185,20 @@ def _base_conf(master: str, shuffle_partitions: int, driver_memory: str) -> dict
     }
     if master.startswith("local"):
         conf |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    return conf
+
+
+#: Settings whose value is a list of JVM options: the user's come after iqgraph's (the later of two -D wins).
+_JVM_OPTIONS = ("spark.driver.extraJavaOptions",)
+
+
+def session_conf(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """Return base with the user's extra settings over it; a user's driver JVM options are added to iqgraph's (its
+    log4j2 file, which keeps a query's death to one line), not put in their place."""
+    conf = {**base, **extra}
+    for key in _JVM_OPTIONS:
+        if key in base and key in extra:
+            conf[key] = f"{base[key]} {extra[key].strip()}".strip()
     return conf
 
 
