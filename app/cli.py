@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException
 
 from iqgraph.app.dev.data_file import BadLine
 from iqgraph.app.loading import AppLoadError, load_app
-from iqgraph.app.settings import Settings, SettingsError, load_settings
+from iqgraph.app.settings import Settings, SettingsError, first_port, load_settings
 from iqgraph.stores import StoreError, UserError
 from iqgraph.streaming.definitions import App
 
@@ -223,7 +223,7 @@ def _positive(text: str) -> float:
 def _dev_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="how many nodes (default 1; 3 shows forwarding)")
     parser.add_argument("--rate", type=_positive, default=200.0, help="generated events per second (default 200)")
-    parser.add_argument("--port", type=int, default=8000, help="port of the first node (default 8000)")
+    parser.add_argument("--port", type=int, help="port of the first node (default: IQGRAPH_PORT, else 8000)")
     parser.add_argument("--state-dir", type=Path, help="stores and node logs (default: a new temporary directory)")
     parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: Ctrl-C)")
 
@@ -256,7 +256,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command in ("dev", "demo"):
         from iqgraph.app.dev.run import DEMO_APP, DevOptions, run_dev
 
-        options = {k: getattr(args, k) for k in ("nodes", "rate", "port", "state_dir", "duration")}
+        options = {k: getattr(args, k) for k in ("nodes", "rate", "state_dir", "duration")}
+        options["port"] = first_port(args.port)
         if args.command == "demo":
             return run_dev(DevOptions(app=DEMO_APP, prefix="iqgraph demo", **options))
         return run_dev(DevOptions(app=args.app, data=args.data, **options))

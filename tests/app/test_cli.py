@@ -247,3 +247,21 @@ def test_a_trusted_documents_manifest_that_cannot_be_used_stops_the_start_in_one
     wrong.write_text('{"0000000000000000000000000000000000000000000000000000000000000000": "{ orderCount { count } }"}')
     assert_one_line_error(iqgraph(*serve, "--trusted-documents", str(wrong)), "is not the one that hashes to it")
     assert "Spark" not in alone.stdout + missing.stdout
+
+
+@pytest.mark.parametrize("command", ["demo", "dev"])
+def test_dev_and_demo_run_on_iqgraph_port(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import iqgraph.app.dev.run as dev_run
+
+    started = []
+    monkeypatch.setattr(dev_run, "run_dev", lambda options: started.append(options) or 0)
+    monkeypatch.setenv("IQGRAPH_PORT", "47199")
+    app = ["--app", "iqgraph.examples.shop:app"] if command == "dev" else []
+    assert main([command, *app]) == 0
+    assert main([command, *app, "--port", "47198"]) == 0
+    assert [options.port for options in started] == [47199, 47198]
+    monkeypatch.setenv("IQGRAPH_PORT", "eighty")
+    assert main([command, *app]) == 2
+    assert capsys.readouterr().err.strip() == "iqgraph: error: port must be an integer, got 'eighty'"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from iqgraph.app.settings import SettingsError, load_settings
+from iqgraph.app.settings import SettingsError, first_port, load_settings
 
 
 def test_spark_conf_adds_up_over_file_environment_and_flags_the_flag_winning(tmp_path: Path) -> None:
@@ -67,3 +67,13 @@ def test_the_group_protocol_comes_from_flag_or_environment_and_names_its_choices
     )
     with pytest.raises(SettingsError, match="'classic' or 'consumer' .*IQGRAPH_GROUP_PROTOCOL"):
         load_settings({}, env={"IQGRAPH_GROUP_PROTOCOL": "eager"})
+
+
+def test_dev_and_demo_take_their_port_from_the_flag_else_iqgraph_port_else_8000() -> None:
+    assert first_port(None, {}) == 8000
+    assert first_port(None, {"IQGRAPH_PORT": "47100"}) == 47100
+    assert first_port(9000, {"IQGRAPH_PORT": "47100"}) == 9000
+    with pytest.raises(SettingsError, match="IQGRAPH_PORT"):
+        first_port(None, {"IQGRAPH_PORT": "70000"})
+    with pytest.raises(SettingsError, match="port must be an integer"):
+        first_port(None, {"IQGRAPH_PORT": "eighty"})
