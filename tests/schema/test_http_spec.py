@@ -320,6 +320,17 @@ async def test_responses_indicate_media_type_and_encoding(
     assert response.status_code == status and response.headers["content-type"] == GRAPHQL_RESPONSE
 
 
+@pytest.mark.parametrize(("method", "kwargs", "status"), REFUSED[:2])
+async def test_a_body_that_is_no_graphql_request_is_refused_alike_for_a_legacy_client(
+    http: httpx.AsyncClient, method: str, kwargs: dict[str, Any], status: int
+) -> None:
+    # docs/querying.md: the 200-with-errors of an application/json client is for GraphQL requests only
+    headers = {"accept": "*/*"} | kwargs.get("headers", {})
+    response = await http.request(method, "/graphql", **(kwargs | {"headers": headers}))
+    assert response.status_code == status and response.headers["content-type"] == GRAPHQL_RESPONSE
+    assert response.json()["errors"][0]["extensions"]["code"] == "BAD_REQUEST"
+
+
 @pytest.mark.parametrize(("method", "kwargs", "status"), REFUSED)
 async def test_refusals_are_graphql_responses(
     http: httpx.AsyncClient, method: str, kwargs: dict[str, Any], status: int
