@@ -3,7 +3,8 @@
 Output columns: ``_topic``, ``_partition``, ``_offset``, ``_timestamp``, ``_key`` (string or long),
 ``_event_ms`` (event time in epoch milliseconds), the value's columns (JSON) or ``value`` (string, bytes),
 ``_raw_key`` and ``_raw_value`` (for the dead-letter topic) and ``_error`` (null for a good record, else
-why it is bad: null key, value too large, undecodable value, missing event time).
+why it is bad: null key, value too large, undecodable value, a date or timestamp outside the years 1 to 9999,
+missing event time).
 
 Avro values (``value_format="avro"``) are turned into JSON text by ``streaming.avro`` and then parsed
 like JSON values, with the Spark type derived from the Avro schema; bad Avro is an undecodable value.
@@ -20,7 +21,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, NumericType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import (
+    DataType,
+    DateType,
+    NumericType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from iqgraph.streaming.avro import avro_json_column, avro_struct_type, encode_avro, load_avro_schema
 from iqgraph.streaming.definitions import DefinitionError, Topic
@@ -29,6 +39,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 CORRUPT = "_corrupt"
+#: The instants a store can answer (Python's datetime, GraphQL's DateTime): years 1 to 9999, in epoch milliseconds.
+#: A time outside them (epoch milliseconds in a TIMESTAMP column, which Spark reads as seconds: year 58884) is a
+#: bad record, not a stored value that every later read of its store fails on.
+MIN_MS, MAX_MS = -62_135_596_800_000, 253_402_300_799_999
 META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key", "_event_ms", "_raw_key", "_raw_value")
 
 
@@ -96,6 +110,12 @@ def _event_ms(topic: Topic, schema: StructType | None) -> Column:
     raise DefinitionError(f"topic {topic.name!r}: event_time column must be a timestamp or epoch milliseconds")
 
 
+def _time_columns(schema: StructType | None) -> list[str]:
+    """Return the names of the value's date and timestamp columns."""
+    times = (DateType, TimestampType, TimestampNTZType)
+    return [] if schema is None else [f.name for f in schema.fields if isinstance(f.dataType, times)]
+
+
 def _value_columns(topic: Topic, schema: StructType | None) -> list[Column]:
     if schema is not None:
         return [F.col(f"_value.{name}").alias(name) for name in schema.fieldNames()]
@@ -144,7 +164,12 @@ class Decoder:
             .when(F.length("value") > topic.max_value_bytes, F.lit("value too large"))
             .when(undecodable, F.lit("undecodable value"))
             .when(key.isNull(), F.lit("null key" if topic.key_format == "string" else "null or non-8-byte long key"))
-            .when(event_ms.isNull(), F.lit("missing event time"))
+        )
+        for name in _time_columns(schema):
+            year = F.year(F.col(f"_value.{name}"))
+            error = error.when((year < 1) | (year > 9999), F.lit(f"{name}: a time outside the years 1 to 9999"))
+        error = error.when(event_ms.isNull(), F.lit("missing event time")).when(
+            (event_ms < MIN_MS) | (event_ms > MAX_MS), F.lit("event time outside the years 1 to 9999")
         )
         self.columns = [
             F.col("topic").alias("_topic"),

@@ -138,7 +138,10 @@ class DevRun:
         self.say(f"broker at {self.broker.bootstrap_servers} (Apache Kafka {KAFKA_VERSION}, ready in {took:.1f} s; "
                  f"state and logs in {self.root})")  # fmt: skip
         created = create_topics({"bootstrap.servers": self.broker.bootstrap_servers}, self.app)
-        self.say("created topics " + ", ".join(f"{name} ({count} partitions)" for name, count in created.items()))
+        if created:
+            self.say("created topics " + ", ".join(f"{name} ({count} partitions)" for name, count in created.items()))
+        else:
+            self.say(f"topics {', '.join(t.name for t in self.app.topics)} are there from the last run")
         self._feed()
         for index in range(self.options.nodes):
             self.nodes.append(self._start_node(index))  # one by one: a Ctrl-C in between stops those started

@@ -26,6 +26,12 @@ BAD = [
     (None, orjson.dumps({"customer": "x", "amount": 1.0, "ts": "2026-01-01T00:00:02Z"}), "null key"),
     (b"customer-0003", b'{"pad": "' + b"x" * 5000 + b'"}', "value too large"),
     (b"customer-0004", None, "null value"),
+    # epoch milliseconds in the TIMESTAMP column: Spark reads a number as seconds, the year 58884
+    (
+        b"customer-0005",
+        orjson.dumps({"customer": "customer-0005", "amount": 1.0, "ts": 1_796_040_000_000}),
+        "ts: a time outside the years 1 to 9999",
+    ),
 ]
 
 
