@@ -94,6 +94,9 @@ logger.appinfo.level = warn
 """
 #: The file in a kept data_dir that holds the broker's output (its log4j2 console) of every start, one after another.
 OUTPUT_FILE: Final = "kafka-output.log"
+#: The file in a kept data_dir that holds the client port of its last start: a broker started again without a port
+#: takes it again when it is free, so the producers and nodes of the last run find it where they left it.
+PORT_FILE: Final = "client-port"
 #: JVM options of the broker (and of its storage tool). C1 only (TieredStopAtLevel=1): measured on two busy cores,
 #: a start takes ~2/3 of the time and 400k produced records ~60% of the broker CPU of the default C2 tiers; a
 #: long benchmark may want C2 back: KafkaBroker(jvm_options=["-XX:TieredStopAtLevel=4"]) (the later option wins).
@@ -135,6 +138,23 @@ ONE_MACHINE_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType(
         "num.recovery.threads.per.data.dir": "2",
     }
 )
+
+
+def _last_port(data_dir: Path | None, host: str) -> int | None:
+    """Return the client port of the last start on data_dir (`PORT_FILE`) if it is free on host now, else None."""
+    try:
+        port = int((data_dir / PORT_FILE).read_text()) if data_dir is not None else 0
+    except (OSError, ValueError):
+        return None
+    if not 0 < port < 65536:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the broker's own listener binds
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return None
+    return port
 
 
 def _new_cluster_id() -> str:
@@ -319,7 +339,8 @@ class KafkaBroker(_Endpoint):
     """An Apache Kafka KRaft broker and controller in one JVM subprocess, listening on loopback ports.
 
     data_dir None runs on a temporary directory deleted by `stop`; a given data_dir is kept, so a broker started
-    again on it has the topics and records it had, and its `OUTPUT_FILE` the output of every start. properties
+    again on it has the topics and records it had, its client port when no port is given and that one is free
+    (`PORT_FILE`), and its `OUTPUT_FILE` the output of every start. properties
     override `ONE_MACHINE_PROPERTIES` and the listener settings; heap is the JVM's -Xmx and jvm_options come after
     `JVM_OPTIONS`. node_id, controller_port,
     quorum_voters and cluster_id are how `KafkaCluster` builds its members. security: a secured client listener
@@ -344,7 +365,7 @@ class KafkaBroker(_Endpoint):
         security: BrokerSecurity | None = None,
     ) -> None:
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port or _last_port(data_dir, host) or free_port(host)
         self.controller_port = controller_port or free_ports(1, {self.port}, host)[0]
         self.security = security
         self.internal_port = free_ports(1, {self.port, self.controller_port}, host)[0] if security else None
@@ -432,6 +453,8 @@ class KafkaBroker(_Endpoint):
             format_command = self._prepare(java, jars)
             if format_command is not None:
                 _run_all([format_command], self.startup_timeout)
+            if self.data_dir is not None:
+                (self.directory / PORT_FILE).write_text(str(self.port))
             self._log = self._open_output()  # closed in stop()
             command = [java, *self._jvm_options(self.heap), "-cp", str(jars / "*"), _MAIN_CLASS]
             command.append(str(self.directory / "server.properties"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 import uuid
@@ -203,12 +204,18 @@ def test_restart_on_the_same_data_dir_keeps_topics_and_records(tmp_path: Path) -
         topic = new_topic(first, 1, {"cleanup.policy": "compact"})
         produce_batched(first.bootstrap_servers, topic, records)
 
-    with KafkaBroker(data_dir=tmp_path) as second:  # other ports, same log dir
+    with KafkaBroker(data_dir=tmp_path) as second:  # the same log dir, and its client port again (it is free)
         got = read_partition(second.bootstrap_servers, topic, 0)
         assert second.ready_seconds is not None and second.ready_seconds < START_DEADLINE
         this_start = second.output()
 
-    assert second.port != first.port or second.controller_port != first.controller_port
+    assert second.port == first.port
+    taken = socket.create_server(("127.0.0.1", first.port))  # the last port busy: another one, and it starts
+    try:
+        third = KafkaBroker(data_dir=tmp_path)
+        assert third.port != first.port
+    finally:
+        taken.close()
     assert got == [(i, key, value) for i, (key, value, _) in enumerate(records)]
     assert (tmp_path / "logs" / "meta.properties").is_file()
     # both starts' output stays in the data dir (read after a drill); output() is this start's only

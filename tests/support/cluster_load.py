@@ -6,7 +6,7 @@ import bisect
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +25,16 @@ GET_ONE = "query($k: String!) { orderCount { get(key: $k) count } }"
 class Ingest:
     """Produce shop orders, batched; remember the order in which each key was produced."""
 
-    def __init__(self, bootstrap: str, topic: str, events: Iterator[Event], rate: float = 150) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        events: Iterator[Event],
+        rate: float = 150,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
         self.rate = rate  # events per second while started
-        self.producer = Producer({**JAVA_PARTITIONER, **BATCHING, "bootstrap.servers": bootstrap})
+        self.producer = Producer({**JAVA_PARTITIONER, **BATCHING, **(config or {}), "bootstrap.servers": bootstrap})
         self.topic = topic
         self.events = events
         self.keys: list[str] = []  # every key produced, in produce order

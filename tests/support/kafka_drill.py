@@ -64,7 +64,9 @@ class AckedIngest(Ingest):
     value and hand-over time, and what the brokers acknowledged: (index, partition, offset, when)."""
 
     def __init__(self, bootstrap: str, topic: str, events: Iterator[Event], rate: float = RATE) -> None:
-        super().__init__(bootstrap, topic, events, rate)
+        # metadata asked every 5 s (librdkafka's default: 5 min): once, after the whole cluster's return, this
+        # producer tried no broker again for 150 s (its last line "new leader-1 not found in cache" at the stop)
+        super().__init__(bootstrap, topic, events, rate, {"topic.metadata.refresh.interval.ms": 5000})
         self.values: list[Any] = []
         self.sent: dict[bytes, int] = {}  # each order's value as sent -> its index (an order id is unique)
         self.handed_at: list[float] = []

@@ -318,6 +318,7 @@ def test_dev_serves_a_users_app_from_a_file_stops_cleanly_on_ctrl_c_and_goes_on_
     port = free_port()
     again = DevProcess(tmp_path, "--port", str(port), "--state-dir", str(state_dir))
     try:
+        assert f"broker at {broker} " in again.read_until("broker at"), "the broker where the last run had it"
         assert "topics bookings are there from the last run" in again.read_until("topics ")
         again.read_until("Ctrl-C stops everything")
         restarted = httpx.post(f"http://127.0.0.1:{port}/graphql", json={"query": query}, timeout=30).json()
