@@ -340,12 +340,11 @@ class KafkaBroker(_Endpoint):
 
     data_dir None runs on a temporary directory deleted by `stop`; a given data_dir is kept, so a broker started
     again on it has the topics and records it had, its client port when no port is given and that one is free
-    (`PORT_FILE`), and its `OUTPUT_FILE` the output of every start. properties
-    override `ONE_MACHINE_PROPERTIES` and the listener settings; heap is the JVM's -Xmx and jvm_options come after
-    `JVM_OPTIONS`. node_id, controller_port,
-    quorum_voters and cluster_id are how `KafkaCluster` builds its members. security: a secured client listener
-    on port (`BrokerSecurity`: SASL_SSL or mutual TLS, ACLs on) instead of PLAINTEXT; `admin` is then the broker's
-    own super user, on an internal listener.
+    (`PORT_FILE`), and its `OUTPUT_FILE` the output of every start. properties override `ONE_MACHINE_PROPERTIES`
+    and the listener settings; heap is the JVM's -Xmx and jvm_options come after `JVM_OPTIONS`. node_id,
+    controller_port, quorum_voters and cluster_id are how `KafkaCluster` builds its members. security: a secured
+    client listener on port (`BrokerSecurity`: SASL_SSL or mutual TLS, ACLs on) instead of PLAINTEXT; `admin` is
+    then the broker's own super user, on an internal listener.
     """
 
     def __init__(
