@@ -303,10 +303,7 @@ def first_port(flag: int | None, env: Mapping[str, str] | None = None) -> int:
     """Return the port of `dev`'s and `demo`'s first node: --port, else IQGRAPH_PORT, else a node's default."""
     env = os.environ if env is None else env
     raw = flag if flag is not None else env.get(f"{ENV_PREFIX}PORT") or Settings().port
-    port = _convert("port", raw, int)
-    if not 1 <= port <= 65535:
-        raise SettingsError(f"port {port} is out of range; use 1-65535 (--port / {ENV_PREFIX}PORT)")
-    return int(port)
+    return dataclasses.replace(Settings(), port=_convert("port", raw, int)).port  # Settings checks the range
 
 
 def load_settings(
