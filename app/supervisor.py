@@ -33,6 +33,16 @@ log = logging.getLogger(__name__)
 
 #: "SomeError: message", as Python prints an exception's last line (Java frames and wrappers are not).
 _PYTHON_ERROR = re.compile(r"^(?!org\.|java\.|py4j\.|scala\.)([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+#: "some.package.SomeException: message" anywhere in a line: a Java exception, as Spark quotes a task's failure.
+_JAVA_ERROR = re.compile(r"\b((?:[a-z_][\w$]*\.)+[A-Z][\w$]*(?:Error|Exception)): [^\n]+")
+#: Java exceptions that only wrap the cause (a failed job, a failed Py4J call, a dead query).
+_WRAPPERS = frozenset(
+    {
+        "org.apache.spark.SparkException",
+        "py4j.protocol.Py4JJavaError",
+        "org.apache.spark.sql.streaming.StreamingQueryException",
+    }
+)
 
 
 def error_summary(failure: BaseException) -> str:
@@ -40,12 +50,20 @@ def error_summary(failure: BaseException) -> str:
 
     A query's exception wraps the real one in Spark's and Py4J's text (a Python worker's traceback inside
     a Java stack trace); the first Python error line names the cause (e.g. ``ModuleNotFoundError: No module
-    named 'myapp'``). Without one, the text's first line.
+    named 'myapp'``). Without one, the first Java exception that is not a wrapper (e.g. a read task's
+    ``org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms expired before the position …``,
+    quoted inside "Job aborted due to stage failure"); without that either, the text's first line.
     """
     text = str(failure).strip()
     for line in text.splitlines():
         if _PYTHON_ERROR.match(line.strip()):
             return line.strip()[:300]
+    for line in text.splitlines():
+        at = 0
+        while match := _JAVA_ERROR.search(line, at):  # a wrapper's message may quote its cause: look inside it
+            if match.group(1) not in _WRAPPERS:
+                return match.group(0).strip()[:300]
+            at = match.end(1)
     return (text.splitlines() or [type(failure).__name__])[0][:300]
 
 

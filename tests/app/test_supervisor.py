@@ -148,6 +148,24 @@ def test_the_reported_error_is_the_python_cause_inside_sparks_wrapping() -> None
     assert error_summary(RuntimeError("stopped\nmore")) == "stopped"
 
 
+def test_without_a_python_cause_the_reported_error_is_the_java_one_spark_quotes() -> None:
+    # a read task that timed out after a whole-cluster outage, as the drill's node logged it
+    died = RuntimeError(
+        "An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):\n"
+        '  File "sink.py", line 243, in __call__\n'
+        "py4j.protocol.Py4JJavaError: An error occurred while calling o2166.toArrow.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 30.0 failed 1 times, "
+        "most recent failure: Lost task 1.0 in stage 30.0 (TID 58) (localhost executor driver): "
+        "org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms expired before the position for "
+        "partition orders-5 could be determined\n"
+        "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2935)\n"
+    )
+    assert error_summary(died) == (
+        "org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms expired before the position for "
+        "partition orders-5 could be determined"
+    )
+
+
 class Kafka:
     """Kafka as the supervisor's probe sees it: answering or not."""
 
