@@ -4,7 +4,8 @@ What it runs is tests/support/kafka_drill.py's `run_drill` (the slow test tests/
 same run): a 3-broker Apache Kafka cluster (RF 3, min.insync.replicas 2), three shop nodes with one standby per
 partition (``local[1]`` Spark, 768 MB each), an idempotent acks=all producer at 40 orders/s and a reader of every
 key on every node; a rolling restart of the brokers, a kill -9 of the controller leader, the whole cluster down for
-30 s. It prints: answers and failures, produce -> queryable during the roll (p50, p99, max) and after it, each
+30 s. It prints: answers and failures, produce -> queryable with every broker up (the baseline), during the roll
+(p50, p99, max; the roll's p99 over the baseline's: the machine's own speed divided out) and after it, each
 return's time to every node's progress, and one JSON object with every figure as the last line.
 
 Usage (two cores: the lock queues it behind other Spark runs): ``flock /tmp/iqgraph-spark.lock .venv/bin/python
@@ -27,7 +28,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="iqgraph-kafka-drill-") as home:
         for drill in run_drill(Path(home)):
             print(figures(drill))
-            roll = drill.freshness(*drill.roll)
+            roll, baseline = drill.freshness(*drill.roll), drill.freshness(*drill.baseline)
             answers = drill.reader.answers
             summary = {
                 "orders": drill.ingest.produced,
@@ -36,6 +37,8 @@ def main() -> int:
                 "errors": dict(errors_by_kind(answers)),
                 "wrong": len(wrong(drill)),
                 "fresh_roll_p99_s": round(percentile(roll, 99), 2),
+                "fresh_baseline_p99_s": round(percentile(baseline, 99), 2),
+                "fresh_roll_over_baseline_p99": round(percentile(roll, 99) / percentile(baseline, 99), 2),
                 "fresh_roll_max_s": round(max(roll, default=0), 2),
                 "returns": {r.what: {n: round(s, 1) for n, s in r.progress.items()} for r in drill.returns},
             }
