@@ -5,10 +5,9 @@ the records of a 3-partition topic. An idempotent acks=all producer sends all al
 every key all along, and `KafkaOffsets` (the node's offsets client) lists the end offsets all along. Mid-ingest
 the leader of partition 0 is killed with SIGKILL; the producer keeps producing (two in-sync replicas of three
 are enough). The broker stays dead until its partitions have new leaders, the producer goes on through them (a
-record acknowledged after the kill in every partition) and the node has applied such a record in every partition;
-then it is started again. Then:
-- the node went on at most AFTER_KAFKA_S after the producer did (Kafka's own part, 3-6 s here: Spark's source gives
-  up asking the dead leader after `streaming.runner.REQUEST_TIMEOUT_MS`, and a read that gave up is tried again);
+record acknowledged after the kill in every partition) and the node has applied such a record in every partition
+within GOING_ON_S of the kill (Kafka moves the leaders in ~3-4 s here; Spark's source gives up asking the dead one
+after `streaming.runner.REQUEST_TIMEOUT_MS`); then it is started again. Then:
 - every answer of the run came without an error, and none counted more than had been produced for its key
   (nothing applied twice, never invented) nor less than the node had answered before (a single node's store
   only grows); the node never went 5 s without answering;
@@ -49,10 +48,9 @@ INITIAL = 400  # records produced before the node starts: every key has some
 RATE = 200.0  # records per second while the drill runs
 WARM_UP_S = 3.0  # load before the kill
 OUTAGE_S = 60.0  # the broker dead at most: until every partition is led and written without it (~5 s)
-#: From the producer's first record acknowledged after the kill (in every partition) to the node's applying one, the
-#: broker still dead, at most. With the Java client's default timeouts (60 s for a call) it took 10.7, 11.8 and 7.1 s
-#: in 3 runs of 6 (2.5-3.9 s in the others: where the kill lands decides); 2.2-4.8 s in 3 runs with iqgraph's.
-AFTER_KAFKA_S = 7.0
+#: From the kill to the node's applying, in every partition, a record acknowledged after it, the broker still dead.
+#: With the Java client's default timeouts (60 s for a call) the node applied nothing for 13 s (17 s in 2 runs before).
+GOING_ON_S = 12.0
 AFTER_S = 60.0  # load after the broker is back, at most: until every partition goes on with it in sync
 #: Fast failover on one machine (as in tests/streaming/test_apache_kafka.py): a dead broker is fenced in ~3 s.
 FAST_FAILOVER = {
@@ -399,7 +397,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
             result.ends_at_kill = {p: ingest.acked_end(p) for p in range(PARTITIONS)}
             wait_led_without(cluster, topic, result.victim)
             wait_acked(result, result.ends_at_kill, OUTAGE_S)
-            wait_going_on(result, result.killed, result.ends_at_kill, OUTAGE_S)
+            wait_going_on(result, result.killed, result.ends_at_kill, GOING_ON_S - (time.monotonic() - result.killed))
             victim.start()
             result.restarted = time.monotonic()
             wait_isr(cluster, topic)
@@ -438,10 +436,6 @@ def report(drill: Drill) -> str:
 def test_a_killed_broker_loses_nothing_applies_nothing_twice_and_queries_answer(drill: Drill) -> None:
     ingest, asker, probe = drill.ingest, drill.asker, drill.probe
     print(f"\nbroker loss: {report(drill)}")
-
-    # the node went on soon after Kafka did, the broker still dead
-    after_kafka = max(drill.node_back().values()) - max(drill.producer_back().values())
-    assert after_kafka <= AFTER_KAFKA_S, f"the node went on {after_kafka:.1f} s after the producer: {report(drill)}"
 
     # queries answered all along, never wrong
     assert not asker.errors, f"{sum(asker.errors.values())} errors in {len(asker.answered)} answers: {asker.errors}"
