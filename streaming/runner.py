@@ -69,16 +69,6 @@ class QueryStoppedError(RuntimeError):
 #: 0.7-0.8 s, 0.19-0.26 s with 10 ms (bench/ingest.py A/B, docs/benchmarks.md). The user's own setting wins.
 FETCH_MAX_WAIT_MS = 10
 
-#: How long Spark's source waits for one answer of a broker, and for one call in all (the Java client's defaults:
-#: 30 s and 60 s). Its admin client lists a batch's end offsets at each partition's leader as it was when the
-#: call began, and after a broker's kill -9 it keeps the call queued for the dead broker until the call's deadline
-#: (or the broker's return), uninterruptibly: the node applied nothing for 13-17 s after the kill while Kafka had
-#: new leaders after 3-6 s (tests/e2e/test_kafka_broker_loss.py). At the deadline Spark retries with a new admin
-#: client, which asks the new leader. The executors' consumers take the same timeouts: a read task waiting longer
-#: for a moving leader fails, and is tried again (``streaming.session.LOCAL_TASK_ATTEMPTS``). The admin client
-#: refuses an API timeout below the request timeout, so both are set.
-REQUEST_TIMEOUT_MS = 5_000
-
 
 def source_options(
     settings: RunnerSettings, topic: str, owned: list[int], starting: Mapping[int, int]
@@ -86,11 +76,7 @@ def source_options(
     """Return the reader options for the configured Kafka source over the owned partitions of topic."""
     client = settings.client_config
     if settings.source == "kafka":  # the JVM client's names for librdkafka's (SASL, SSL, …)
-        options = {
-            "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
-            "kafka.request.timeout.ms": str(REQUEST_TIMEOUT_MS),
-            "kafka.default.api.timeout.ms": str(REQUEST_TIMEOUT_MS),
-        }
+        options = {"kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS)}
         options |= {f"kafka.{k}": str(v) for k, v in java_consumer_options(client).items()}
         return options | {
             # committed records only, and batch ends at the last stable offset (Spark lists offsets with this

@@ -28,7 +28,6 @@ import contextlib
 import importlib.util
 import logging
 import os
-import re
 import shutil
 import sys
 import sysconfig
@@ -83,22 +82,6 @@ logger.microbatch.filter.died.onMismatch = NEUTRAL
 """
 
 
-#: Attempts of a task before its job fails, in local mode as on a cluster (``spark.task.maxFailures``' default,
-#: which local mode ignores: ``local[N]`` gives a task one attempt). A read task that waits longer than the
-#: connector's API timeout (``streaming.runner.REQUEST_TIMEOUT_MS``) for a partition's new leader is tried again,
-#: instead of ending the query. A batch's tasks only read and compute partials (the sink writes on the driver), so
-#: a task run again changes nothing.
-LOCAL_TASK_ATTEMPTS = 4
-_LOCAL_MASTER = re.compile(r"local(?:\[\s*(\*|\d+)\s*\])?")
-
-
-def with_task_retries(master: str) -> str:
-    """Return a local master (``local``, ``local[N]``, ``local[*]``) as ``local[N,LOCAL_TASK_ATTEMPTS]``; any other
-    master (a cluster's, or a local one that says its attempts) as it is."""
-    match = _LOCAL_MASTER.fullmatch(master.strip())
-    return master if match is None else f"local[{match.group(1) or 1},{LOCAL_TASK_ATTEMPTS}]"
-
-
 def build_spark_session(
     master: str = "local[*]",
     *,
@@ -112,9 +95,7 @@ def build_spark_session(
     """Return a SparkSession configured for iqgraph's pipelines (created, or the active one reused).
 
     kafka_connector: add Spark's Kafka connector jars to spark.jars (raises `JarsError` when they are missing).
-    A local master runs each task up to LOCAL_TASK_ATTEMPTS times (`with_task_retries`).
     """
-    master = with_task_retries(master)
     conf = session_conf(_base_conf(master, shuffle_partitions, driver_memory), extra_conf or {})
     if kafka_connector:
         given = [jar for jar in conf.get("spark.jars", "").split(",") if jar.strip()]

