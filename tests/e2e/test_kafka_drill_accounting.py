@@ -69,3 +69,16 @@ def test_a_record_that_is_no_order_handed_over_fails_the_read_back() -> None:
     drill = drill_holding([orjson.dumps({"id": "invented"})])
     with pytest.raises(AssertionError, match="holds no order handed over"):
         drill.held_orders()
+
+
+def test_an_order_acknowledged_without_an_offset_need_only_be_in_its_partition() -> None:
+    values = [orjson.dumps(v) for _, v in ORDERS]
+    drill = drill_holding(values)
+    assert drill.misplaced() == []
+    index, partition, _, when = drill.ingest.acked[1]
+    drill.ingest.acked[1] = (index, partition, -1, when)  # a retry found o-2 written (librdkafka#4438)
+    assert drill.misplaced() == [] and drill.ingest.without_offset() == [(1, 0, -1, 1.0)]
+    drill.held = {0: [(0, None, values[0]), (2, None, values[2])]}  # o-2 is not there after all
+    assert drill.misplaced() == [(1, 0, -1, 1.0)]
+    drill.ingest.acked[2] = (2, partition, 0, 2.0)  # o-3 said to be at offset 0, which holds o-1
+    assert drill.misplaced() == [(1, 0, -1, 1.0), (2, 0, 0, 2.0)]

@@ -70,6 +70,8 @@ class AckedIngest(Ingest):
         self.values: list[Any] = []
         self.sent: dict[bytes, int] = {}  # each order's value as sent -> its index (an order id is unique)
         self.handed_at: list[float] = []
+        #: (index, partition, offset, when); offset -1: acknowledged without one, as librdkafka reports an order a
+        #: retry found already written (DUPLICATE_SEQUENCE_NUMBER after a lost answer, librdkafka#4438)
         self.acked: list[tuple[int, int, int, float]] = []
 
     def acked_ends(self) -> dict[int, int]:
@@ -78,6 +80,10 @@ class AckedIngest(Ingest):
         for _, partition, offset, _ in list(self.acked):
             ends[partition] = max(ends[partition], offset + 1)
         return ends
+
+    def without_offset(self) -> list[tuple[int, int, int, float]]:
+        """Return the acknowledgements that came without an offset."""
+        return [a for a in self.acked if a[2] < 0]
 
     def _one(self) -> None:
         key, value = next(self.events)
@@ -94,7 +100,9 @@ class AckedIngest(Ingest):
             if error is not None:
                 self.failed.append(error)
             else:
-                self.acked.append((index, message.partition() or 0, message.offset() or 0, time.monotonic()))
+                offset = message.offset()  # None: written, at an offset the answer did not say
+                at = time.monotonic()
+                self.acked.append((index, message.partition() or 0, -1 if offset is None else offset, at))
 
         self.producer.produce(self.topic, key=key.encode(), value=sent, on_delivery=delivered)
         self.producer.poll(0)
@@ -236,6 +244,19 @@ class Drill:
                 assert index is not None, f"{self.topic}[{partition}]@{offset} holds no order handed over: {value!r}"
                 found.append((partition, offset, index))
         return found
+
+    def misplaced(self) -> list[tuple[int, int, int, float]]:
+        """Return the acknowledgements (index, partition, offset, when) the input topic contradicts: the order is not
+        at the offset acknowledged or, acknowledged without one (offset -1: a retry found it written), nowhere in
+        the partition acknowledged."""
+        held = self.held_orders()
+        at = {(partition, offset): index for partition, offset, index in held}
+        anywhere = {(partition, index) for partition, _, index in held}
+        return [
+            (index, partition, offset, when)
+            for index, partition, offset, when in self.ingest.acked
+            if ((partition, index) not in anywhere if offset < 0 else at.get((partition, offset)) != index)
+        ]
 
     @functools.cached_property
     def doubled(self) -> Counter[int]:
@@ -557,7 +578,8 @@ def figures(drill: Drill) -> str:
     )
     return (
         f"kafka drill: {drill.ingest.produced} orders ({len(drill.ingest.acked)} acknowledged, "
-        f"{len(drill.ingest.failed)} failed) at {drill.ingest.rate:.0f}/s; {len(answers)} answers of "
+        f"{len(drill.ingest.failed)} failed, {len(drill.ingest.without_offset())} without an offset) at "
+        f"{drill.ingest.rate:.0f}/s; {len(answers)} answers of "
         f"{len(drill.keys)} keys each, {sum(1 for a in answers if a.errors)} failed {dict(errors_by_kind(answers))}, "
         f"{len(wrong(drill))} wrong or null, {sum(1 for a in answers if a.staleness)} with staleness; Kafka holds "
         f"{sum(drill.doubled.values())} extra copies of orders (the producer's retries after an epoch bump)\n"
