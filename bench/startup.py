@@ -6,7 +6,9 @@ Each figure is measured `runs` times in one run, side by side, and printed as mi
 - broker: `KafkaBroker` start until it is registered and unfenced (`ready_seconds`: readiness checked, not slept);
 - node on an empty topic: `iqgraph serve` (local[1], the shop example) started until /readyz answers 200, and the
   node's own "ready X s after start" line (from its log: where the time went when slow);
-- `iqgraph schema --app iqgraph.examples.shop:app`: wall time of the whole command (a new interpreter each run).
+- `iqgraph schema --app iqgraph.examples.shop:app`: wall time of the whole command (a new interpreter each run);
+- the node again with Spark's class archive switched off (``IQGRAPH_JVM_ARCHIVE=off``) and on, alternating, with
+  the ratio of the medians (the archive built first, as `make test` does: `iqgraph.streaming.jvm_archive`).
 Goals (the Real Kafka issue): broker ≤ 10 s, node ready on an empty topic ≤ 10 s, schema ≤ 3 s.
 """
 
@@ -25,6 +27,7 @@ import httpx
 
 from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.broker import free_port
+from iqgraph.streaming.jvm_archive import build
 from iqgraph.streaming.kafka_jars import ensure_kafka_jars
 from tests.support.nodes import start_node, write_app_module
 
@@ -39,14 +42,15 @@ def broker_start() -> float:
         return broker.ready_seconds
 
 
-def node_ready(broker: KafkaBroker, home: Path, run: int) -> tuple[float, float]:
-    """Return (seconds until /readyz 200 seen from outside, the node's own ready figure) on a new empty topic."""
+def node_ready(broker: KafkaBroker, home: Path, run: int, env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Return (seconds until /readyz 200 seen from outside, the node's own ready figure) on a new empty topic; env:
+    more environment for the node."""
     topic = f"startup-{run}-{int(time.time())}"
     broker.create_topics({topic: PARTITIONS})
     module = f"startupapp{run}"
     write_app_module(home, module, topic, PARTITIONS, broker.bootstrap_servers)
     began = time.monotonic()
-    node = start_node(home, module, f"node-{run}", free_port())
+    node = start_node(home, module, f"node-{run}", free_port(), env=env)
     try:
         deadline = began + 180
         while True:
@@ -89,16 +93,26 @@ def main() -> None:
     brokers = [broker_start() for _ in range(args.runs)]
     schemas = [schema_wall() for _ in range(args.runs)]
     outside, inside = [], []
+    archived: dict[str, list[float]] = {"off": [], "on": []}
+    build()
     with tempfile.TemporaryDirectory(prefix="iqgraph-startup-") as home, KafkaBroker() as broker:
         for run in range(args.runs):
             seen, said = node_ready(broker, Path(home), run)
             outside.append(seen)
             inside.append(said)
+        for run in range(args.runs):
+            for setting in ("off", "on"):
+                env = {"IQGRAPH_JVM_ARCHIVE": "off"} if setting == "off" else {}
+                archived[setting].append(node_ready(broker, Path(home), 100 + 2 * run + (setting == "on"), env)[0])
     print(f"{'seconds (min median max)':44} {'min':>6} {'median':>6} {'max':>6}")
     print(f"{'embedded broker: start to ready':44} {spread(brokers)}")
     print(f"{'node on an empty topic: start to /readyz 200':44} {spread(outside)}")
     print(f"{'node on an empty topic: its ready line':44} {spread(inside)}")
     print(f"{'iqgraph schema (shop), whole command':44} {spread(schemas)}")
+    for setting, seconds in archived.items():
+        print(f"{f'node to /readyz 200, class archive {setting}':44} {spread(seconds)}")
+    ratio = statistics.median(archived["on"]) / statistics.median(archived["off"])
+    print(f"{'class archive on / off (medians)':44} {ratio:6.2f}")
 
 
 if __name__ == "__main__":
