@@ -7,14 +7,16 @@ Each figure is measured `runs` times in one run, side by side, and printed as mi
 - node on an empty topic: `iqgraph serve` (local[1], the shop example) started until /readyz answers 200, and the
   node's own "ready X s after start" line (from its log: where the time went when slow);
 - `iqgraph schema --app iqgraph.examples.shop:app`: wall time of the whole command (a new interpreter each run);
-- the node again with Spark's class archive switched off (``IQGRAPH_JVM_ARCHIVE=off``) and on, alternating, with
-  the ratio of the medians (the archive built first, as `make test` does: `iqgraph.streaming.jvm_archive`).
+- the node and the broker again with the JVMs' class archives switched off (``IQGRAPH_JVM_ARCHIVE=off``) and on,
+  alternating, with the ratio of the medians (the archives built first, as `make test` does:
+  `iqgraph.streaming.jvm_archive`).
 Goals (the Real Kafka issue): broker ≤ 10 s, node ready on an empty topic ≤ 10 s, schema ≤ 3 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -35,11 +37,20 @@ PARTITIONS = 6
 READY_LINE = re.compile(r"ready (\d+(?:\.\d+)?) s after start")
 
 
-def broker_start() -> float:
-    """Return the seconds one embedded broker took to be ready."""
-    with KafkaBroker() as broker:
+def broker_start(archives: str = "on") -> float:
+    """Return the seconds one embedded broker took to be ready (archives: "off" starts it without its class
+    archive)."""
+    if archives == "off":
+        os.environ["IQGRAPH_JVM_ARCHIVE"] = "off"
+    try:
+        broker = KafkaBroker().start()
+    finally:
+        os.environ.pop("IQGRAPH_JVM_ARCHIVE", None)
+    try:
         assert broker.ready_seconds is not None
         return broker.ready_seconds
+    finally:
+        broker.stop()
 
 
 def node_ready(broker: KafkaBroker, home: Path, run: int, env: dict[str, str] | None = None) -> tuple[float, float]:
@@ -94,7 +105,11 @@ def main() -> None:
     schemas = [schema_wall() for _ in range(args.runs)]
     outside, inside = [], []
     archived: dict[str, list[float]] = {"off": [], "on": []}
+    brokers_archived: dict[str, list[float]] = {"off": [], "on": []}
     build()
+    for _ in range(args.runs):
+        for setting in ("off", "on"):
+            brokers_archived[setting].append(broker_start(setting))
     with tempfile.TemporaryDirectory(prefix="iqgraph-startup-") as home, KafkaBroker() as broker:
         for run in range(args.runs):
             seen, said = node_ready(broker, Path(home), run)
@@ -109,10 +124,11 @@ def main() -> None:
     print(f"{'node on an empty topic: start to /readyz 200':44} {spread(outside)}")
     print(f"{'node on an empty topic: its ready line':44} {spread(inside)}")
     print(f"{'iqgraph schema (shop), whole command':44} {spread(schemas)}")
-    for setting, seconds in archived.items():
-        print(f"{f'node to /readyz 200, class archive {setting}':44} {spread(seconds)}")
-    ratio = statistics.median(archived["on"]) / statistics.median(archived["off"])
-    print(f"{'class archive on / off (medians)':44} {ratio:6.2f}")
+    for what, figures in (("node to /readyz 200", archived), ("broker to ready", brokers_archived)):
+        for setting, seconds in figures.items():
+            print(f"{f'{what}, class archives {setting}':44} {spread(seconds)}")
+        ratio = statistics.median(figures["on"]) / statistics.median(figures["off"])
+        print(f"{f'{what}: archives on / off (medians)':44} {ratio:6.2f}")
 
 
 if __name__ == "__main__":

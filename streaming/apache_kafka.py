@@ -44,6 +44,7 @@ from confluent_kafka.admin import (
 )
 
 from iqgraph.streaming.broker import BrokerError, exit_with_parent, free_port, free_ports
+from iqgraph.streaming.jvm_archive import KAFKA, java_options
 from iqgraph.streaming.kafka_client_config import jaas_quote
 
 # What streaming.runner still imports from here (the jars are streaming.kafka_jars): re-exported until it moves.
@@ -515,7 +516,7 @@ class KafkaBroker(_Endpoint):
         """Return the JVM options: `JVM_OPTIONS`, the heap, our log4j2 config, crash files in the data dir, extras."""
         options = [*JVM_OPTIONS, f"-Xmx{heap}", f"-XX:ErrorFile={self.directory / 'hs_err_pid%p.log'}"]
         options.append(f"-Dlog4j2.configurationFile={self.directory / 'log4j2.properties'}")
-        return [*options, *self.jvm_options]
+        return [*options, *java_options(KAFKA), *self.jvm_options]  # Kafka's classes from their archive when built
 
     def wait_ready(self, deadline: float) -> None:
         """Wait until the port accepts connections and the metadata lists this broker (registered and unfenced)."""

@@ -183,7 +183,7 @@ def _base_conf(master: str, shuffle_partitions: int, driver_memory: str) -> dict
         # (each query starts from a fresh directory: the stores hold the offsets)
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
         # the classes from the archive `jvm_archive` builds, when it is there: ~5 s less per start on two cores
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_file()} {java_options()}".strip(),
+        "spark.driver.extraJavaOptions": " ".join([f"-Dlog4j2.configurationFile={_log4j2_file()}", *java_options()]),
     }
     if master.startswith("local"):
         conf |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}

@@ -11,7 +11,7 @@ def test_the_users_driver_jvm_options_are_added_to_the_log4j2_file_not_put_in_it
     conf = session_conf(base, {"spark.driver.extraJavaOptions": " -Xss4m ", "spark.driver.memory": "2g"})
     options = conf["spark.driver.extraJavaOptions"].split()
     assert options[0].startswith("-Dlog4j2.configurationFile=") and options[-1] == "-Xss4m"
-    assert options[1:-1] == java_options().split()  # the class archive's, when it is there
+    assert options[1:-1] == java_options()  # the class archive's, when it is there
     assert conf["spark.driver.memory"] == "2g"  # any other setting: the user's value
 
 
