@@ -130,9 +130,20 @@ def _build_here(kind: str) -> Path | None:
             if not whole(partial, path):
                 raise ArchiveError(f"the JVM wrote no whole class archive at {partial}")
             os.replace(partial, path)
+            stem.with_name(f"{stem.name}.jars").write_text(str(_jars(kind).resolve()))
+            _forget_gone(stem.parent, kind)
             return path
         finally:
             partial.unlink(missing_ok=True)
+
+
+def _forget_gone(directory: Path, kind: str) -> None:
+    """Delete kind's archives whose jars are gone: each virtualenv has its own pyspark, so its own Spark archive
+    (~180 MB), useless once it is deleted."""
+    for record in directory.glob(f"{kind}-*.jars"):
+        if not Path(record.read_text().strip()).is_dir():
+            for path in directory.glob(f"{record.stem}.*"):
+                path.unlink(missing_ok=True)
 
 
 def _run_spark(options: list[str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from iqgraph.streaming.jvm_archive import (
     DYNAMIC_ARCHIVE_MAGIC,
     KAFKA,
     SPARK,
+    ArchiveError,
+    _build_here,
     archive,
     archive_stem,
     build,
@@ -79,5 +82,38 @@ def test_only_a_whole_archive_is_given_to_the_jvm(tmp_path: Path, monkeypatch: p
 
 def test_switched_off_there_is_no_archive_and_nothing_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IQGRAPH_JVM_ARCHIVE", "off")
-    monkeypatch.setattr(jvm_archive, "BUILDERS", {})  # a build would fail on it
+    monkeypatch.setattr(jvm_archive.subprocess, "run", lambda *_, **__: pytest.fail("a build was started"))
     assert archive_stem(SPARK) is None and archive(KAFKA) is None and java_options(SPARK) == [] and build() == []
+
+
+def fake_jvm(size: int, cut: bool = False) -> Callable[[list[str]], None]:
+    """Return a stand-in for a JVM run that writes an archive of size bytes where its options say (cut: without the
+    header a JVM writes last)."""
+
+    def run(options: list[str]) -> None:
+        target = next(o.split("=", 1)[1] for o in options if o.startswith("-XX:ArchiveClassesAtExit="))
+        Path(target).write_bytes((bytes(4) if cut else DYNAMIC_ARCHIVE_MAGIC) + bytes(size - 4))
+
+    return run
+
+
+def test_a_build_moves_only_a_whole_archive_into_place_and_forgets_those_of_jars_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IQGRAPH_JVM_ARCHIVE", str(tmp_path))
+    stem = archive_stem(SPARK)
+    assert stem is not None
+    gone = tmp_path / "spark-0123456789abcdef"  # the archive of a virtualenv deleted since
+    gone.with_name(f"{gone.name}.8.jsa").write_bytes(DYNAMIC_ARCHIVE_MAGIC + bytes(4))
+    gone.with_name(f"{gone.name}.jars").write_text(str(tmp_path / "venv-deleted" / "jars"))
+    monkeypatch.setitem(jvm_archive.BUILDERS, SPARK, fake_jvm(64, cut=True))
+    with pytest.raises(ArchiveError, match="no whole class archive"):
+        _build_here(SPARK)
+    assert archive(SPARK) is None and not list(tmp_path.glob("*.partial"))
+    monkeypatch.setitem(jvm_archive.BUILDERS, SPARK, fake_jvm(64))
+    built = _build_here(SPARK)
+    assert built == stem.with_name(f"{stem.name}.64.jsa") == archive(SPARK)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{stem.name}.{end}" for end in ("64.jsa", "jars", "lock")
+    )
+    assert _build_here(SPARK) == built  # there: not built again
