@@ -82,14 +82,16 @@ CHANGELOG_CONFIG = {
 RESTORE_CHUNK = 20_000  # records per WriteBatch while restoring (not served: batches need not be whole)
 TRANSACTION_TIMEOUT_S = 30.0
 #: How long a batch keeps being sent while Kafka does not take it (a broker restarting, the transaction coordinator
-#: moving, the whole cluster away) before its query dies. OFF (0: the first such error ends the batch, the query dies
-#: and the supervisor restarts it once Kafka answers) until a standby's changelog follower is known to go on after a
-#: whole-cluster outage without that restart: with 300 s (Kafka Streams' task.timeout.ms) the Kafka drill of
-#: 2026-11-29 saw no query die, but one node's two standbys stop applying for good after the cluster came back
-#: (tests/e2e/test_kafka_drill.py, "not caught up ... node-1: {0: 273, 3: 137}"), and tests/streaming/
-#: test_changelog_outage.py saw, 1 run in 3, a read_committed reader stop at the aborted attempt for good: a hanging
-#: transaction (an old-epoch produce landing after the abort marker; KIP-890). Abort-and-send-again needs that fixed.
-OUTAGE_S = 0.0
+#: moving, the whole cluster away) before its query dies: Kafka Streams' task.timeout.ms (5 minutes). Each send again
+#: goes through a new producer of the partition's transactional id (`ChangelogWriter._renew`): the abort and send
+#: again through the same producer that this first did left, 2 runs in 6, a read_committed reader stopped for good at
+#: the aborted attempt (a hanging transaction: a write of it landing after its abort marker, KIP-890's problem), and
+#: a standby's follower with it (the Kafka drill of 2026-11-29); so this was 0 (the first such error ended the batch
+#: and the query, and the supervisor restarted it once Kafka answered) until the new producer came.
+OUTAGE_S = 300.0
+#: How long one new producer's init_transactions waits while Kafka is away before the next try, so that a stop is
+#: seen within seconds.
+RENEW_WAIT_S = 5.0
 #: Errors that mean Kafka is away or moving, not that the batch is wrong: the transaction is aborted and sent again.
 #: A message times out when it waited transaction.timeout.ms (librdkafka caps message.timeout.ms to it); an
 #: idempotent producer whose messages timed out reports OUT_OF_ORDER_SEQUENCE_NUMBER next, which the abort (a new
@@ -236,6 +238,15 @@ class ChangelogWriter:
         old = self._producers.pop(partition, None)
         if old is not None:
             old.flush(1.0)
+        try:
+            self._producers[partition] = self._start_producer(partition)
+        except KafkaException as exc:
+            raise ChangelogError(f"cannot write changelog {self.topic}[{partition}]: {exc.args[0].str()}") from None
+
+    def _start_producer(self, partition: int, wait_s: float | None = None) -> Producer:
+        """Return a new producer of partition's transactional id, initialised within wait_s (default: the
+        transaction timeout): the coordinator bumps the id's epoch, fences every earlier producer of it and aborts
+        the transaction one left open (KafkaException: it did not)."""
         producer = Producer(
             {
                 **self.config,
@@ -247,11 +258,8 @@ class ChangelogWriter:
             logger=log,
         )
         self.producers_started += 1
-        try:
-            producer.init_transactions(self.transaction_timeout_s)
-        except KafkaException as exc:
-            raise ChangelogError(f"cannot write changelog {self.topic}[{partition}]: {exc.args[0].str()}") from None
-        self._producers[partition] = producer
+        producer.init_transactions(self.transaction_timeout_s if wait_s is None else wait_s)
+        return producer
 
     def take_over(self, partition: int) -> None:
         """Be partition's writer: fence the others (unless this writer holds it already)."""
@@ -281,28 +289,25 @@ class ChangelogWriter:
             start,
             len(records) - 1,
         )
-        return self._send(self._producers[db.partition], db.partition, records) + 1
+        return self._send(db.partition, records) + 1
 
     def publish(self, partition: int, tx: PartitionTransaction, stop: Callable[[], bool] = lambda: False) -> None:
         """Send tx's records in one transaction, then record in tx where the changelog now ends. While Kafka does not
         take them, send them again for up to outage_s (stop: the query is stopping, give up now)."""
-        producer = self._producers.get(partition)
-        if producer is None:
+        if partition not in self._producers:
             self.fence(partition)
-            producer = self._producers[partition]
-        records = batch_records(tx)
-        last = self._send(producer, partition, records, stop)
+        last = self._send(partition, batch_records(tx), stop)
         record_position(tx, last + 1)
 
-    def _send(
-        self, producer: Producer, partition: int, records: list[Record], stop: Callable[[], bool] = lambda: False
-    ) -> int:
-        """Send records in one transaction; return the offset of the last one. When Kafka is away (`_AWAY`), abort
-        the transaction and send it again until it is taken or outage_s have passed; then (or on any other error)
-        raise ChangelogError, or ChangelogFencedError when another copy writes the partition now."""
+    def _send(self, partition: int, records: list[Record], stop: Callable[[], bool] = lambda: False) -> int:
+        """Send records in one transaction through partition's producer; return the offset of the last one. When
+        Kafka is away (`_AWAY`), drop that producer and send them again through a new one (`_renew`) until they are
+        taken or outage_s have passed; then (or on any other error) raise ChangelogError, or ChangelogFencedError
+        when another copy writes the partition now."""
         began = time.monotonic()
         waiting = False
         while True:
+            producer = self._producers[partition]
             try:
                 offsets = self._send_once(producer, partition, records)
                 break
@@ -322,7 +327,9 @@ class ChangelogWriter:
                         error.str(),
                         self.outage_s,
                     )
-                self._abort_to_retry(producer, partition, exc, began, stop)
+                failed = KafkaException(error)  # not exc: its traceback holds the producer _renew destroys
+            del producer
+            self._renew(partition, failed, began, stop)
         if waiting:
             log.warning("changelog %s[%d]: batch sent after %.0f s", self.topic, partition, time.monotonic() - began)
         self.sent_records += len(records)
@@ -350,20 +357,33 @@ class ChangelogWriter:
         producer.commit_transaction(self.transaction_timeout_s)
         return offsets
 
-    def _abort_to_retry(
-        self, producer: Producer, partition: int, cause: KafkaException, began: float, stop: Callable[[], bool]
-    ) -> None:
-        """Abort the open transaction, again each second while the coordinator is away; give up (`_abandon`'s
-        errors) when it is fenced, stopping, past outage_s, or the abort fails otherwise."""
+    def _renew(self, partition: int, cause: KafkaException, began: float, stop: Callable[[], bool]) -> None:
+        """Replace partition's producer, whose transaction Kafka did not take, by a new one of the same transactional
+        id, again each second while Kafka is away; give up (`_abandon`'s errors) when fenced, stopping, past
+        outage_s, or the start fails otherwise.
+
+        The old one is purged and destroyed, not told to abort: an abort and a send again through the same producer
+        (the same epoch) left, 1 run in 3, a read_committed reader stopped for good at the aborted attempt — a
+        write of the aborted attempt landing after its abort marker, a hanging transaction (KIP-890's problem). The
+        new producer's init_transactions bumps the epoch and has the coordinator abort what the old one left open;
+        a late write of the old epoch is fenced."""
+        old = self._producers.pop(partition)
+        with contextlib.suppress(KafkaException):
+            old.purge()
+        del old  # the last reference: librdkafka's handle is destroyed, its connections closed
         while True:
+            if stop():  # the partition may be another copy's now: a new producer would fence that copy's
+                self._abandon(None, partition, cause)
             try:
-                producer.abort_transaction(self.transaction_timeout_s)
+                self._producers[partition] = self._start_producer(
+                    partition, min(RENEW_WAIT_S, self.transaction_timeout_s)
+                )
                 return
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 retriable = isinstance(error, KafkaError) and error.retriable() and not error.fatal()
-                if not retriable or stop() or time.monotonic() - began > self.outage_s:
-                    self._abandon(producer, partition, exc if not retriable else cause, abort=False)
+                if not retriable or time.monotonic() - began > self.outage_s:
+                    self._abandon(None, partition, exc if not retriable else cause)
                 time.sleep(1.0)
 
     def _produce(
@@ -376,9 +396,9 @@ class ChangelogWriter:
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)
 
-    def _abandon(self, producer: Producer, partition: int, exc: KafkaException, abort: bool = True) -> NoReturn:
-        """Abort the transaction (abort False: its abort failed already) and drop the producer (a fenced one is
-        remembered as fenced), then raise what the batch's caller is told."""
+    def _abandon(self, producer: Producer | None, partition: int, exc: KafkaException) -> NoReturn:
+        """Abort the producer's transaction and drop it (None: it is gone already; a fenced one is remembered as
+        fenced), then raise what the batch's caller is told."""
         error = exc.args[0] if exc.args else None
         fatal = isinstance(error, KafkaError) and error.fatal()
         if fatal:
@@ -388,14 +408,14 @@ class ChangelogWriter:
                 f"changelog {self.topic}[{partition}]: another copy writes it now ({error.str()}); this batch is "  # type: ignore[union-attr]
                 "not applied here"
             ) from None
-        if abort:
+        if producer is not None:
             with contextlib.suppress(KafkaException):
                 producer.abort_transaction(self.transaction_timeout_s)
-        # Never kept: the next batch starts over with a new producer (its fence aborts what is left open). A kept one
-        # may be stuck: after a whole cluster's return (the Kafka drill in CI) one timed every batch of its
-        # partition out, 30 s each, restart after restart, while a new client of the same node reached it at once.
-        with contextlib.suppress(KafkaException):
-            producer.purge()
+            # Never kept: the next batch starts over with a new producer (its fence aborts what is left open). A kept
+            # one may be stuck: after a whole cluster's return (the Kafka drill in CI) one timed every batch of its
+            # partition out, 30 s each, restart after restart, while a new client of the same node reached it at once.
+            with contextlib.suppress(KafkaException):
+                producer.purge()
         self._producers.pop(partition, None)
         raise ChangelogError(f"changelog {self.topic}[{partition}]: the batch was not sent: {exc}") from None
 

@@ -25,6 +25,10 @@ from iqgraph.streaming.changelog import (
 log = logging.getLogger(__name__)
 log.addFilter(TransientRetries())
 
+#: Seconds without a record after which the consumer is checked: when a changelog's stable end is past its position,
+#: a new consumer reads on (`ChangelogFollower._renew`).
+STUCK_S = 15.0
+
 
 class ChangelogFollower:
     """Standby copies kept by applying their changelogs: one consumer thread over every followed partition.
@@ -85,6 +89,7 @@ class ChangelogFollower:
 
     def _run(self) -> None:
         consumer = changelog_consumer(self.changelogs.config, self.changelogs.app)
+        quiet_since = time.monotonic()  # when the last message came
         try:
             while not self._stopped.is_set():
                 try:
@@ -92,14 +97,60 @@ class ChangelogFollower:
                     if not self._assigned:
                         time.sleep(0.1)
                         continue
-                    for message in consumer.consume(5_000, timeout=0.2):
+                    messages = consumer.consume(5_000, timeout=0.2)
+                    for message in messages:
                         self._take(message)
                     self._flush_restoring()
+                    if messages:
+                        quiet_since = time.monotonic()
+                    elif time.monotonic() - quiet_since > STUCK_S:
+                        quiet_since = time.monotonic()
+                        if behind := self._behind(consumer):
+                            log.warning(
+                                "changelog follower: nothing read for %.0f s while %s wait; reading them with a new "
+                                "consumer",
+                                STUCK_S,
+                                ", ".join(f"{t}[{p}] from {pos} to {end}" for (t, p), (pos, end) in behind.items()),
+                            )
+                            consumer = self._renew(consumer)
                 except KafkaException as exc:  # Kafka away, a partition moving: try again
                     log.warning("changelog follower: %s; retrying in 1 s", exc)
                     time.sleep(1.0)
         finally:
             consumer.close()
+
+    def _behind(self, consumer: Consumer) -> dict[tuple[str, int], tuple[int, int]]:
+        """Return the followed changelog partitions whose stable end is past the consumer's position: (position,
+        end) by partition (KafkaException: Kafka did not answer)."""
+        with self._lock:
+            followed = {tp: (topic, stores) for tp, (topic, stores) in self._followed.items() if tp in self._assigned}
+        positions = {
+            (tp.topic, tp.partition): tp.offset for tp in consumer.position([TopicPartition(*tp) for tp in followed])
+        }
+        by_topic: dict[str, list[int]] = {}
+        for (_, partition), (topic, _) in followed.items():
+            by_topic.setdefault(topic, []).append(partition)
+        behind = {}
+        for topic, partitions in by_topic.items():
+            for partition, end in self.changelogs.end_offsets(topic, partitions).items():
+                tp = (self.changelogs.topic(topic), partition)
+                position = positions.get(tp, -1)
+                position = position if position >= 0 else changelog_next(followed[tp][1].db)
+                if position < end:
+                    behind[tp] = (position, end)
+        return behind
+
+    def _renew(self, consumer: Consumer) -> Consumer:
+        """Close consumer and return a new one that reads every followed partition again from where its copy is:
+        after a whole cluster's return, one librdkafka consumer read nothing more of two partitions for good while
+        the other copies went on (its metadata kept their leader unknown: librdkafka#5430)."""
+        with self._lock:
+            self._flush_restoring_locked()
+            for tp in self._pending:  # a running copy's part of a batch is read again, whole
+                self._pending[tp] = []
+        consumer.close()
+        self._assigned = set()
+        return changelog_consumer(self.changelogs.config, self.changelogs.app)
 
     def _reconcile(self, consumer: Consumer) -> None:
         """Assign the changelog partitions followed now, each from where its copy is."""
@@ -160,10 +211,14 @@ class ChangelogFollower:
     def _flush_restoring(self) -> None:
         """Write what restoring copies hold (not served yet: a chunk need not be a whole batch)."""
         with self._lock:
-            for tp, (_, stores) in self._followed.items():
-                pending = self._pending.get(tp)
-                if pending and stores.db.state is PartitionState.RESTORING:
-                    progress = RESTORES.get(tp)
-                    position = progress.position if progress is not None else changelog_next(stores.db)
-                    apply_records(stores.db, pending, position)
-                    self._pending[tp] = []
+            self._flush_restoring_locked()
+
+    def _flush_restoring_locked(self) -> None:
+        """`_flush_restoring` with the lock held."""
+        for tp, (_, stores) in self._followed.items():
+            pending = self._pending.get(tp)
+            if pending and stores.db.state is PartitionState.RESTORING:
+                progress = RESTORES.get(tp)
+                position = progress.position if progress is not None else changelog_next(stores.db)
+                apply_records(stores.db, pending, position)
+                self._pending[tp] = []

@@ -3,21 +3,25 @@ transaction each, a copy restored from it equal to the writer's stores, a standb
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from iqgraph.app.metrics import changelog_metrics
 from iqgraph.stores import PartitionState, PartitionStores, StateDirectory
 from iqgraph.stores.changelog import changelog_next
+from iqgraph.streaming import changelog_follower
 from iqgraph.streaming.apache_kafka import KafkaBroker
 from iqgraph.streaming.changelog import (
     CHANGELOG_CONFIG,
     ChangelogFencedError,
     Changelogs,
+    changelog_consumer,
     changelog_topic,
 )
 from iqgraph.streaming.changelog_follower import ChangelogFollower
@@ -139,3 +143,57 @@ def test_a_zombie_writer_is_fenced_and_writes_nothing_locally(
     check = open_copy("c")
     Changelogs(config, app_name).restore(TOPIC, check)
     assert contents(check) == contents(new_owner)
+
+
+class DeafConsumer:
+    """A real changelog consumer that reads nothing, as the one librdkafka#5430 left without a leader for good."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+
+    def consume(self, *_: Any, **__: Any) -> list[Any]:
+        time.sleep(0.2)
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+def test_a_standby_whose_consumer_reads_nothing_while_the_changelog_grows_reads_on_with_a_new_one(
+    broker: KafkaBroker,
+    app_name: str,
+    open_copy: Open,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = {"bootstrap.servers": broker.bootstrap_servers}
+    changelogs = Changelogs(config, app_name)
+    active = open_copy("a", 0)
+    rng = random.Random(3)
+    for _ in range(3):
+        write_batch(active, changelogs, rng)
+    made: list[Any] = []
+
+    def first_deaf(*args: Any) -> Any:
+        consumer = changelog_consumer(*args)
+        made.append(consumer)
+        return DeafConsumer(consumer) if len(made) == 1 else consumer
+
+    monkeypatch.setattr(changelog_follower, "changelog_consumer", first_deaf)
+    monkeypatch.setattr(changelog_follower, "STUCK_S", 2.0)
+    standby = open_copy("s", 0)
+    follower = ChangelogFollower(Changelogs(config, app_name))
+    with caplog.at_level(logging.WARNING, logger="iqgraph.streaming.changelog_follower"):
+        follower.follow(TOPIC, standby)
+        try:
+            for _ in range(5):
+                write_batch(active, changelogs, rng)
+            deadline = time.monotonic() + 30
+            while standby.db.next_offset() != active.db.next_offset() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            follower.stop()
+    assert len(made) == 2 and standby.db.state is PartitionState.RUNNING
+    assert contents(standby) == contents(active)
+    lines = [r.getMessage() for r in caplog.records if "a new consumer" in r.getMessage()]
+    assert len(lines) == 1 and f"{changelog_topic(app_name, TOPIC)}[0] from " in lines[0], lines
