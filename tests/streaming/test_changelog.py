@@ -88,13 +88,21 @@ def test_a_copy_restored_from_the_changelog_equals_the_writer(
     assert contents(fresh) == contents(active)
 
 
+def active_copy(
+    config: dict[str, str], app_name: str, active: PartitionStores, seed: int, batches: int
+) -> tuple[Changelogs, PartitionStores, random.Random]:
+    """Write batches random batches to active and its changelog; return the changelogs, active and the batches'
+    random generator (for more)."""
+    changelogs = Changelogs(config, app_name)
+    rng = random.Random(seed)
+    for _ in range(batches):
+        write_batch(active, changelogs, rng)
+    return changelogs, active, rng
+
+
 def test_a_standby_follows_the_changelog_batch_by_batch(broker: KafkaBroker, app_name: str, open_copy: Open) -> None:
     config = {"bootstrap.servers": broker.bootstrap_servers}
-    changelogs = Changelogs(config, app_name)
-    active = open_copy("a", 1)
-    rng = random.Random(2)
-    for _ in range(10):
-        write_batch(active, changelogs, rng)
+    changelogs, active, rng = active_copy(config, app_name, open_copy("a", 1), seed=2, batches=10)
     standby = open_copy("s", 1)
     follower = ChangelogFollower(Changelogs(config, app_name))
     follower.follow(TOPIC, standby)
@@ -167,11 +175,7 @@ def test_a_standby_whose_consumer_reads_nothing_while_the_changelog_grows_reads_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     config = {"bootstrap.servers": broker.bootstrap_servers}
-    changelogs = Changelogs(config, app_name)
-    active = open_copy("a", 0)
-    rng = random.Random(3)
-    for _ in range(3):
-        write_batch(active, changelogs, rng)
+    changelogs, active, rng = active_copy(config, app_name, open_copy("a", 0), seed=3, batches=3)
     made: list[Any] = []
 
     def first_deaf(*args: Any) -> Any:

@@ -84,14 +84,14 @@ def _arm(point: str, batch: int) -> None:
     send, produce, write = ChangelogWriter._send, ChangelogWriter._produce, PartitionDB.write
     state = {"batch": -1, "produced": 0}
 
-    def _send(self, producer, partition, records, stop=lambda: False):  # type: ignore[no-untyped-def]
+    def _send(self, partition, records, stop=lambda: False):  # type: ignore[no-untyped-def]
         state["batch"] += 1
         state["produced"] = 0
         if state["batch"] == batch and point == "before-send":
             die()
         if state["batch"] == batch and point == "before-commit":  # everything produced, the commit never sent
-            return send(self, _DiesOnCommit(producer, die), partition, records, stop)
-        last = send(self, producer, partition, records, stop)
+            self._producers[partition] = _DiesOnCommit(self._producers[partition], die)
+        last = send(self, partition, records, stop)
         if state["batch"] == batch and point == "after-commit":
             die()
         return last
