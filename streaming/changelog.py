@@ -92,10 +92,10 @@ OUTAGE_S = 300.0
 #: How long one new producer's init_transactions waits while Kafka is away before the next try, so that a stop is
 #: seen within seconds.
 RENEW_WAIT_S = 5.0
-#: Errors that mean Kafka is away or moving, not that the batch is wrong: the transaction is aborted and sent again.
-#: A message times out when it waited transaction.timeout.ms (librdkafka caps message.timeout.ms to it); an
-#: idempotent producer whose messages timed out reports OUT_OF_ORDER_SEQUENCE_NUMBER next, which the abort (a new
-#: producer epoch) clears; the messages of a transaction failed so are purged (_PURGE_QUEUE, _PURGE_INFLIGHT).
+#: Errors that mean Kafka is away or moving, not that the batch is wrong: the batch is sent again, through a new
+#: producer. A message times out when it waited transaction.timeout.ms (librdkafka caps message.timeout.ms to it); an
+#: idempotent producer whose messages timed out reports OUT_OF_ORDER_SEQUENCE_NUMBER next, which a new producer epoch
+#: clears; the messages of a transaction failed so are purged (_PURGE_QUEUE, _PURGE_INFLIGHT).
 _AWAY = frozenset(
     {
         KafkaError._MSG_TIMED_OUT,
@@ -363,7 +363,7 @@ class ChangelogWriter:
         outage_s, or the start fails otherwise.
 
         The old one is purged and destroyed, not told to abort: an abort and a send again through the same producer
-        (the same epoch) left, 1 run in 3, a read_committed reader stopped for good at the aborted attempt — a
+        (the same epoch) left, 2 runs in 6, a read_committed reader stopped for good at the aborted attempt — a
         write of the aborted attempt landing after its abort marker, a hanging transaction (KIP-890's problem). The
         new producer's init_transactions bumps the epoch and has the coordinator abort what the old one left open;
         a late write of the old epoch is fenced."""

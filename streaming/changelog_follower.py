@@ -21,6 +21,7 @@ from iqgraph.streaming.changelog import (
     message_key,
     message_offset,
 )
+from iqgraph.streaming.kafka_offsets import KafkaSourceError
 
 log = logging.getLogger(__name__)
 log.addFilter(TransientRetries())
@@ -121,7 +122,14 @@ class ChangelogFollower:
 
     def _behind(self, consumer: Consumer) -> dict[tuple[str, int], tuple[int, int]]:
         """Return the followed changelog partitions whose stable end is past the consumer's position: (position,
-        end) by partition (KafkaException: Kafka did not answer)."""
+        end) by partition; none while Kafka does not answer (its outage is `KafkaWatch`'s to report)."""
+        try:
+            return self._behind_now(consumer)
+        except (KafkaException, KafkaSourceError):
+            return {}
+
+    def _behind_now(self, consumer: Consumer) -> dict[tuple[str, int], tuple[int, int]]:
+        """`_behind`, raising what Kafka's silence raises."""
         with self._lock:
             followed = {tp: (topic, stores) for tp, (topic, stores) in self._followed.items() if tp in self._assigned}
         positions = {
