@@ -40,6 +40,10 @@ EXAMPLE_CLUSTER_SECRET = "change-me-dev-only"  # noqa: S105 - refused, not used
 PEER_PORT_OFFSET = 10_000
 
 
+#: Spark's switch back to its Kafka source's consumer-based offset listing, which kafka-clients 4 cannot run.
+DEPRECATED_OFFSET_FETCHING = "spark.sql.streaming.kafka.useDeprecatedOffsetFetching"
+
+
 class SettingsError(UserError, ValueError):
     """Settings that cannot be used; the message says which one and how to fix it."""
 
@@ -186,6 +190,12 @@ class Settings:
             raise SettingsError("standbys and max_lag must not be negative (--standbys, --max-lag)")
         if self.default_page_size > self.max_page_size:
             raise SettingsError("default_page_size must not exceed max_page_size")
+        if str(self.spark_conf.get(DEPRECATED_OFFSET_FETCHING, "")).strip().lower() == "true":
+            raise SettingsError(
+                f"--spark-conf {DEPRECATED_OFFSET_FETCHING}=true cannot run: Spark's consumer-based offset listing "
+                "calls Consumer.poll(long), which the Kafka client iqgraph gives the connector (kafka-clients 4.4.0: "
+                "its admin listing finds a dead leader's successor) no longer has; remove the setting"
+            )
         self._check_security()
 
     @property

@@ -2,7 +2,7 @@
 
 A node takes one Kafka client config, in librdkafka's names (the ``kafka`` settings table, ``IQGRAPH_KAFKA_*``,
 ``KafkaSettings.config``): confluent-kafka uses it as it is, and `java_consumer_options` turns it into the
-Java client's names for the JVM connector (kafka-clients 3.9.2). Each key is
+Java client's names for the JVM connector (kafka-clients 4.4.0). Each key is
 
 - passed, where both clients have it with one meaning (`SAME`), or renamed (`RENAMED`);
 - translated, for security: ``sasl.username``/``sasl.password`` become a ``sasl.jaas.config`` for PLAIN or

@@ -51,6 +51,9 @@ def test_security_settings_say_what_to_fix_and_describe_themselves() -> None:
         "both a certificate and its key": {"tls_cert": "c.pem"},
         "at least 16 characters": {"peers": "node-0=http://a:1", "cluster_secret": "short"},
         "docker-compose.yml's example": {**jwt_flags, "cluster_secret": "change-me-dev-only"},
+        "Consumer.poll\\(long\\).*remove the setting": {
+            "spark_conf": {"spark.sql.streaming.kafka.useDeprecatedOffsetFetching": "true"}
+        },
     }
     for message, flags in refused.items():
         with pytest.raises(SettingsError, match=message):

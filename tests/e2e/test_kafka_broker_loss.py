@@ -4,8 +4,13 @@ Three Apache Kafka brokers (replication factor 3, min.insync.replicas 2) and ONE
 the records of a 3-partition topic. An idempotent acks=all producer sends all along, a client asks the node for
 every key all along, and `KafkaOffsets` (the node's offsets client) lists the end offsets all along. Mid-ingest
 the leader of partition 0 is killed with SIGKILL; the producer keeps producing (two in-sync replicas of three
-are enough), and the broker is started again once its partitions have new leaders and the producer goes on
-through them (a record acknowledged after the kill in every partition). Then:
+are enough). The broker stays dead until its partitions have new leaders, the producer goes on through them (a
+record acknowledged after the kill in every partition) and the node has applied such a record in every partition;
+then it is started again. Then:
+- the node went on at most AFTER_KAFKA_S after the producer did (Kafka's own part, 3-7 s here), the broker still
+  dead (a lost machine): Spark's source lists each batch's offsets with the admin client of kafka-clients 4.4.0,
+  which looks a dead leader's partitions up again (with 3.9.2 a listing begun at the kill waited for the broker's
+  return or 60 s: tests/streaming/test_spark_kafka_client.py);
 - every answer of the run came without an error, and none counted more than had been produced for its key
   (nothing applied twice, never invented) nor less than the node had answered before (a single node's store
   only grows); the node never went 5 s without answering;
@@ -13,7 +18,7 @@ through them (a record acknowledged after the kill in every partition). Then:
   and the stores end exactly at what the producer had acknowledged (nothing lost);
 - every offset listing answered, with true offsets (librdkafka answered FENCED_LEADER_EPOCH and offset -1001
   before `streaming.kafka_offsets` retried them);
-- every partition is RUNNING and the node is ready.
+- every partition is RUNNING, the node is ready, and its streaming query never died (no restart).
 It prints what it measured: records, answers, errors by code, and per partition the seconds from the kill to
 the first record acknowledged after it and to the node's applying one.
 """
@@ -46,6 +51,11 @@ INITIAL = 400  # records produced before the node starts: every key has some
 RATE = 200.0  # records per second while the drill runs
 WARM_UP_S = 3.0  # load before the kill
 OUTAGE_S = 60.0  # the broker dead at most: until every partition is led and written without it (~5 s)
+#: From the producer's first record acknowledged after the kill (in every partition) to the node's applying one, the
+#: broker still dead, at most. With kafka-clients 3.9.2 under Spark's source: 56.0 s in 1 run of 4 (the listing's
+#: 60 s deadline; 1.4-3.1 s in the others: where the kill lands decides); with 4.4.0: 2.9, 3.6, 3.5 and 7.3 s. The
+#: rest is room for a loaded machine (the suite's: 12.1 s once in an earlier remedy's CI run).
+AFTER_KAFKA_S = 20.0
 AFTER_S = 60.0  # load after the broker is back, at most: until every partition goes on with it in sync
 #: Fast failover on one machine (as in tests/streaming/test_apache_kafka.py): a dead broker is fenced in ~3 s.
 FAST_FAILOVER = {
@@ -338,7 +348,7 @@ def wait_going_on(drill: Drill, since: float, ends: dict[int, int], timeout: flo
         assert drill.node.process.poll() is None, drill.node.log.read_text()[-3000:]
         time.sleep(0.2)
     raise AssertionError(
-        f"the node applied no record acknowledged after {ends} in {timeout} s: {drill.ready.seen[-1:]}"
+        f"the node applied no record acknowledged after {ends} in {timeout:.1f} s: {drill.ready.seen[-1:]}"
     )
 
 
@@ -393,6 +403,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
             result.ends_at_kill = {p: ingest.acked_end(p) for p in range(PARTITIONS)}
             wait_led_without(cluster, topic, result.victim)
             wait_acked(result, result.ends_at_kill, OUTAGE_S)
+            wait_going_on(result, result.killed, result.ends_at_kill, OUTAGE_S)
             victim.start()
             result.restarted = time.monotonic()
             wait_isr(cluster, topic)
@@ -432,6 +443,10 @@ def test_a_killed_broker_loses_nothing_applies_nothing_twice_and_queries_answer(
     ingest, asker, probe = drill.ingest, drill.asker, drill.probe
     print(f"\nbroker loss: {report(drill)}")
 
+    # the node went on soon after Kafka did, the broker still dead
+    after_kafka = max(drill.node_back().values()) - max(drill.producer_back().values())
+    assert after_kafka <= AFTER_KAFKA_S, f"the node went on {after_kafka:.1f} s after the producer: {report(drill)}"
+
     # queries answered all along, never wrong
     assert not asker.errors, f"{sum(asker.errors.values())} errors in {len(asker.answered)} answers: {asker.errors}"
     assert not asker.wrong, f"{len(asker.wrong)} wrong answers, e.g. {asker.wrong[:5]}"
@@ -466,3 +481,5 @@ def test_a_killed_broker_loses_nothing_applies_nothing_twice_and_queries_answer(
     assert ready.status_code == 200, ready.text
     partitions = ready.json()["partitions"]
     assert sorted((p["partition"], p["state"]) for p in partitions) == [(p, "RUNNING") for p in range(PARTITIONS)]
+    # the query rode through the leader's move: a read that gave up on the dead leader was tried again, not its end
+    assert ready.json()["pipeline"]["restarts"] == 0, ready.json()["pipeline"]
