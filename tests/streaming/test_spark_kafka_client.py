@@ -7,6 +7,9 @@ stayed queued for the dead broker: it was sent only when that broker came back, 
 (``default.api.timeout.ms``, 60 s) — a node's ingestion stopped for that long (test_kafka_broker_loss: 56 s after
 Kafka itself went on). kafka-clients 4.4.0 sends the partition back to the leader lookup once the broker has left
 the cluster's metadata (KAFKA-20673), so the listing answers from the new leader.
+
+The connector was built against 3.9.2: every kafka-clients field and method its classes name must be in the pinned
+client (read from the jars' class files, `tests.support.java_classes`), but those `GONE` lists.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from iqgraph.streaming.apache_kafka import KafkaCluster
-from iqgraph.streaming.kafka_jars import ensure_kafka_jars
+from iqgraph.streaming.kafka_jars import ensure_kafka_jars, spark_kafka_jars
+from tests.support.java_classes import Reference, declared, named, resolves
 
+CONSUMER_RECORDS = "Lorg/apache/kafka/clients/consumer/ConsumerRecords;"
 #: A dead broker is fenced (and leaves the metadata clients get) ~3 s after its last heartbeat, as in the drills.
 FAST_FAILOVER = {"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "500"}
 #: The listing's own deadline here (Java's default is 60 s): well past what the fence and a new lookup take.
@@ -81,3 +86,30 @@ def test_an_offset_listing_begun_as_its_leader_dies_answers_from_the_new_leader(
             print(f"\nlisting begun at the leader's kill answered after {took:.1f} s")
         finally:
             admin.close()
+
+
+#: kafka-clients members the connector names that the pinned client no longer has, and the only classes naming them:
+#: Consumer.poll(long) (removed in Kafka 4.0), called by Spark's consumer-based offset listing alone, which
+#: app.settings refuses (spark.sql.streaming.kafka.useDeprecatedOffsetFetching).
+GONE = {
+    Reference("method", "org/apache/kafka/clients/consumer/Consumer", "poll", f"(J){CONSUMER_RECORDS}"): {
+        "org/apache/spark/sql/kafka010/KafkaOffsetReaderConsumer"
+    }
+}
+
+
+def test_every_kafka_clients_member_the_connector_names_is_in_the_pinned_client() -> None:
+    jars = spark_kafka_jars()
+    client = declared(next(jar for jar in jars if jar.name.startswith("kafka-clients-")))
+    users: dict[Reference, set[str]] = {}
+    for jar in (jar for jar in jars if jar.name.startswith("spark-")):
+        for user, references in named(jar).items():
+            for reference in references:
+                if reference.owner.startswith("org/apache/kafka/"):
+                    users.setdefault(reference, set()).add(user)
+
+    missing = {reference: names for reference, names in users.items() if not resolves(client, reference)}
+
+    assert len(users) > 50  # the admin client, consumers, producers, records, errors the connector uses (86)
+    assert missing == {reference: names for reference, names in GONE.items() if reference in missing}, missing
+    assert all(users.get(reference, names) == names for reference, names in GONE.items())
