@@ -74,7 +74,9 @@ def node_ready(broker: KafkaBroker, home: Path, run: int, env: dict[str, str] | 
                 pass
             time.sleep(0.1)
         outside = time.monotonic() - began
-        found = READY_LINE.search(node.log.read_text())
+        said_by = time.monotonic() + 10  # the restore watcher says it at its next look (every 2 s) after ready
+        while not (found := READY_LINE.search(node.log.read_text())) and time.monotonic() < said_by:
+            time.sleep(0.1)
         return outside, float(found.group(1)) if found else float("nan")
     finally:
         node.kill()
