@@ -5,6 +5,7 @@ the limit, written nowhere. Each test runs its own broker (killed and started ag
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import threading
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
 from iqgraph.stores import PartitionStores, StateDirectory
 from iqgraph.stores.changelog import is_batch_end
@@ -46,6 +48,12 @@ def copy(tmp_path: Path) -> Iterator[PartitionStores]:
     stores = StateDirectory(tmp_path / "state", APP).open(TOPIC, 0, SPECS)
     yield stores
     stores.close()
+
+
+def live_producers() -> int:
+    """Return how many confluent-kafka producers this process holds (each a librdkafka client with its threads)."""
+    gc.collect()
+    return sum(type(held) is Producer for held in gc.get_objects())
 
 
 def committed_batches(config: dict[str, str]) -> int:
@@ -114,7 +122,7 @@ def test_a_batch_kafka_never_takes_ends_in_one_error_and_is_not_written(
     rng = random.Random(6)
     write_batch(copy, changelogs, rng)
     changelogs.writer(TOPIC).outage_s = 2 * TIMEOUT_S
-    before = contents(copy)
+    before, producers = contents(copy), live_producers()  # the writer's one among them
     kafka.kill()
     started = time.monotonic()
     with pytest.raises(ChangelogError, match=r"the batch was not sent: .*Message timed out") as raised:
@@ -123,6 +131,9 @@ def test_a_batch_kafka_never_takes_ends_in_one_error_and_is_not_written(
     assert 2 * TIMEOUT_S <= took < 8 * TIMEOUT_S, took
     assert "\n" not in str(raised.value)
     assert contents(copy) == before
+    # every producer started during the outage is gone, the error kept or not: one whose start timed out, left
+    # alive, goes on asking for the transactional id and, once Kafka is back, fences the next batch's producer
+    assert live_producers() == producers - 1
     # Kafka back: the next batch goes, on a new producer (a failed batch's is never kept: one may be stuck)
     started = changelogs.writer(TOPIC).producers_started  # 1, and those tried during the outage
     kafka.start()
