@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from iqgraph.stores import UserError
+from iqgraph.streaming.kafka_jars import unrunnable_spark_conf
 
 ENV_PREFIX = "IQGRAPH_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
@@ -38,10 +39,6 @@ EXAMPLE_CLUSTER_SECRET = "change-me-dev-only"  # noqa: S105 - refused, not used
 #: Where the peers' listener is by default: the client port + this (8000: 18000), out of the way of the ports
 #: Kafka's tools use (8081-8088, 9000-9100).
 PEER_PORT_OFFSET = 10_000
-
-
-#: Spark's switch back to its Kafka source's consumer-based offset listing, which kafka-clients 4 cannot run.
-DEPRECATED_OFFSET_FETCHING = "spark.sql.streaming.kafka.useDeprecatedOffsetFetching"
 
 
 class SettingsError(UserError, ValueError):
@@ -190,12 +187,8 @@ class Settings:
             raise SettingsError("standbys and max_lag must not be negative (--standbys, --max-lag)")
         if self.default_page_size > self.max_page_size:
             raise SettingsError("default_page_size must not exceed max_page_size")
-        if str(self.spark_conf.get(DEPRECATED_OFFSET_FETCHING, "")).strip().lower() == "true":
-            raise SettingsError(
-                f"--spark-conf {DEPRECATED_OFFSET_FETCHING}=true cannot run: Spark's consumer-based offset listing "
-                "calls Consumer.poll(long), which the Kafka client iqgraph gives the connector (kafka-clients 4.4.0: "
-                "its admin listing finds a dead leader's successor) no longer has; remove the setting"
-            )
+        if unrunnable := unrunnable_spark_conf(self.spark_conf):
+            raise SettingsError(unrunnable)
         self._check_security()
 
     @property

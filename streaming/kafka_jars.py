@@ -45,6 +45,7 @@ __all__ = [
     "SPARK_KAFKA_HOME_ENV",
     "SPARK_KAFKA_JARS",
     "SPARK_KAFKA_VERSION",
+    "DEPRECATED_OFFSET_FETCHING",
     "JarSet",
     "JarsError",
     "LockedJar",
@@ -56,6 +57,7 @@ __all__ = [
     "lock_jars",
     "locked_jars",
     "spark_kafka_jars",
+    "unrunnable_spark_conf",
 ]
 
 #: The Apache Kafka release that kafka/pom.xml and kafka/jars.lock pin.
@@ -287,6 +289,22 @@ def kafka_jars() -> Path:
 def spark_kafka_jars() -> list[Path]:
     """Return the paths of Spark's Kafka connector jars; raise `JarsError` (one line) when they are missing."""
     return SPARK_KAFKA_JARS.paths()
+
+
+#: Spark's switch back to its Kafka source's consumer-based offset listing, which the pinned kafka-clients 4.4.0 cannot
+#: run (it calls Consumer.poll(long), gone since Kafka 4.0; spark-kafka-pom.xml says why 4.4.0).
+DEPRECATED_OFFSET_FETCHING: Final = "spark.sql.streaming.kafka.useDeprecatedOffsetFetching"
+
+
+def unrunnable_spark_conf(conf: Mapping[str, object]) -> str | None:
+    """Return, in one line, why Spark's Kafka connector cannot run with these Spark settings; None when it can."""
+    if str(conf.get(DEPRECATED_OFFSET_FETCHING, "")).strip().lower() != "true":
+        return None
+    return (
+        f"--spark-conf {DEPRECATED_OFFSET_FETCHING}=true cannot run: Spark's consumer-based offset listing calls "
+        "Consumer.poll(long), which the Kafka client iqgraph gives the connector (kafka-clients 4.4.0: its admin "
+        "listing finds a dead leader's successor) no longer has; remove the setting"
+    )
 
 
 def java_binary() -> str:

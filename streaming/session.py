@@ -42,7 +42,13 @@ from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
 from iqgraph.streaming.jvm_archive import java_options
-from iqgraph.streaming.kafka_jars import FETCH_COMMAND, SPARK_KAFKA_VERSION, JarsError, spark_kafka_jars
+from iqgraph.streaming.kafka_jars import (
+    FETCH_COMMAND,
+    SPARK_KAFKA_VERSION,
+    JarsError,
+    spark_kafka_jars,
+    unrunnable_spark_conf,
+)
 
 __all__ = ["build_spark_session", "kafka_connector_jars", "ship_module"]
 log = logging.getLogger(__name__)
@@ -95,10 +101,13 @@ def build_spark_session(
 ) -> SparkSession:
     """Return a SparkSession configured for iqgraph's pipelines (created, or the active one reused).
 
-    kafka_connector: add Spark's Kafka connector jars to spark.jars (raises `JarsError` when they are missing).
+    kafka_connector: add Spark's Kafka connector jars to spark.jars (raises `JarsError` when they are missing;
+    ValueError for settings the connector cannot run with, `unrunnable_spark_conf`).
     """
     conf = session_conf(_base_conf(master, shuffle_partitions, driver_memory), extra_conf or {})
     if kafka_connector:
+        if unrunnable := unrunnable_spark_conf(conf):
+            raise ValueError(unrunnable)
         given = [jar for jar in conf.get("spark.jars", "").split(",") if jar.strip()]
         conf["spark.jars"] = ",".join([*given, *(str(path) for path in kafka_connector_jars())])
     # SparkContext reads the worker interpreter from the environment only; default it to ours.

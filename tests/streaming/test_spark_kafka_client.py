@@ -24,7 +24,8 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from iqgraph.streaming.apache_kafka import KafkaCluster
-from iqgraph.streaming.kafka_jars import ensure_kafka_jars, spark_kafka_jars
+from iqgraph.streaming.kafka_jars import DEPRECATED_OFFSET_FETCHING, ensure_kafka_jars, spark_kafka_jars
+from iqgraph.streaming.session import build_spark_session
 from tests.support.java_classes import Reference, declared, named, resolves
 
 CONSUMER_RECORDS = "Lorg/apache/kafka/clients/consumer/ConsumerRecords;"
@@ -90,7 +91,7 @@ def test_an_offset_listing_begun_as_its_leader_dies_answers_from_the_new_leader(
 
 #: kafka-clients members the connector names that the pinned client no longer has, and the only classes naming them:
 #: Consumer.poll(long) (removed in Kafka 4.0), called by Spark's consumer-based offset listing alone, which
-#: app.settings refuses (spark.sql.streaming.kafka.useDeprecatedOffsetFetching).
+#: kafka_jars.unrunnable_spark_conf refuses (spark.sql.streaming.kafka.useDeprecatedOffsetFetching).
 GONE = {
     Reference("method", "org/apache/kafka/clients/consumer/Consumer", "poll", f"(J){CONSUMER_RECORDS}"): {
         "org/apache/spark/sql/kafka010/KafkaOffsetReaderConsumer"
@@ -113,3 +114,9 @@ def test_every_kafka_clients_member_the_connector_names_is_in_the_pinned_client(
     assert len(users) > 50  # the admin client, consumers, producers, records, errors the connector uses (86)
     assert missing == {reference: names for reference, names in GONE.items() if reference in missing}, missing
     assert all(users.get(reference, names) == names for reference, names in GONE.items())
+
+
+def test_a_session_asked_for_the_consumer_based_listing_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match=r"Consumer\.poll\(long\).*remove the setting") as refused:
+        build_spark_session("local[1]", extra_conf={DEPRECATED_OFFSET_FETCHING: "True"})  # before any JVM starts
+    assert "\n" not in str(refused.value)
