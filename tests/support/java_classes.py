@@ -50,12 +50,14 @@ def _pool(data: bytes) -> tuple[dict[int, tuple[int, object]], int]:
             (length,) = struct.unpack_from(">H", data, at)
             pool[index] = (tag, data[at + 2 : at + 2 + length].decode("utf-8", errors="replace"))
             at += 2 + length
-        else:
-            size = _SIZES[tag]
-            pool[index] = (tag, struct.unpack_from(">HH", data, at) if size == 4 and tag >= 9 else data[at : at + size])
-            if tag == _CLASS:
-                pool[index] = (tag, struct.unpack_from(">H", data, at)[0])
-            at += size
+        elif tag == _CLASS:  # the index of its name
+            pool[index] = (tag, struct.unpack_from(">H", data, at)[0])
+            at += _SIZES[tag]
+        elif tag in (_FIELD, _METHOD, _INTERFACE_METHOD, _NAME_AND_TYPE):  # two indexes
+            pool[index] = (tag, struct.unpack_from(">HH", data, at))
+            at += _SIZES[tag]
+        else:  # not read here: skipped
+            at += _SIZES[tag]
         index += 2 if tag in (5, 6) else 1
     return pool, at
 
